@@ -1,0 +1,86 @@
+"""Small frozen value types shared by the DICOM parser and the preprocessing stage.
+
+``gpu/`` never imports ``ingest/``: these types are the whole contract between
+them. A *chunk* is a run of raw stored samples of one object's Pixel Data, in
+stored order, starting at sample index ``first_element`` of that object's pixel
+stream. Preprocessing is elementwise, so a chunk may start and end anywhere on
+a sample boundary, except for planar colour (``planar=True``), whose chunks
+must hold whole frames because the output interleaves the three planes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+OutDtype = Literal["float32", "float16"]
+
+
+@dataclass(frozen=True, slots=True)
+class PixelFormat:
+    """How the stored samples of an uncompressed little-endian Pixel Data are laid out."""
+
+    rows: int
+    columns: int
+    frames: int
+    samples: int  # samples per pixel: 1 (monochrome) or 3 (RGB)
+    bits_allocated: int  # 8, 16 or 32
+    bits_stored: int
+    signed: bool  # Pixel Representation 1
+    planar: bool  # Planar Configuration 1 (RRR..GGG..BBB.. per frame)
+
+    @property
+    def itemsize(self) -> int:
+        return self.bits_allocated // 8
+
+    @property
+    def stored_dtype(self) -> str:
+        """NumPy dtype string of one stored sample (little endian)."""
+        return f"<{'i' if self.signed else 'u'}{self.itemsize}"
+
+    @property
+    def frame_elements(self) -> int:
+        return self.rows * self.columns * self.samples
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.frame_elements * self.itemsize
+
+    @property
+    def total_elements(self) -> int:
+        return self.frame_elements * self.frames
+
+    @property
+    def total_bytes(self) -> int:
+        return self.total_elements * self.itemsize
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Output array shape: (frames, rows, columns) or (frames, rows, columns, samples)."""
+        base = (self.frames, self.rows, self.columns)
+        return base if self.samples == 1 else (*base, self.samples)
+
+
+@dataclass(frozen=True, slots=True)
+class Transform:
+    """What preprocessing does to each stored sample, in this order:
+
+    1. Modality LUT as a rescale: ``x * slope + intercept`` in float64, with the
+       slope/intercept of the sample's frame (``slopes[i]`` for frame ``i``, or
+       ``slopes[0]`` for all frames when one value is given). ``rescale=False``
+       leaves the stored value as it is (pydicom does the same when the file has
+       no Rescale Slope/Intercept).
+    2. Optional VOI window ``(center, width)``:
+       ``clip((x - (center - 0.5)) / (width - 1) + 0.5, 0, 1)`` in float64.
+    3. Cast to ``out_dtype``.
+    """
+
+    slopes: tuple[float, ...] = (1.0,)
+    intercepts: tuple[float, ...] = (0.0,)
+    rescale: bool = False
+    window: tuple[float, float] | None = None
+    out_dtype: OutDtype = "float32"
+
+    @property
+    def out_itemsize(self) -> int:
+        return 4 if self.out_dtype == "float32" else 2

@@ -1,0 +1,139 @@
+"""The one exception tree of dicom-ingest.
+
+Every failure the pipeline knows about is an ``IngestError``. Each class says
+whether trying again can help (``retriable``) and carries a short ``reason``
+code that ends up in the dead-letter record and the audit event. Foreign
+exceptions (botocore, aiokafka, pydicom) are translated into this tree in one
+place each (``fetch.translate_s3_error``, ``dicom.parse_header``), always with
+``raise ... from``, so nothing outside those places looks at foreign types.
+
+::
+
+    IngestError
+    ├── ConfigError                  bad settings; fails start-up
+    ├── NotificationError            a Kafka record that is not a notification
+    ├── SourceError                  reading the object from S3
+    │   ├── SourceUnavailable        5xx, throttling, timeouts, resets    (retriable)
+    │   │   └── TruncatedBody        fewer bytes than the range asked for (retriable)
+    │   ├── ObjectNotFound           404 / NoSuchKey / NoSuchBucket
+    │   ├── AccessDenied             403
+    │   └── ObjectChanged            412: the ETag moved under us
+    ├── DicomError                   the bytes are not DICOM we can process
+    │   ├── NotDicom                 no DICOM preamble/meta, unparseable
+    │   ├── MalformedDicom           lengths or sizes that lie
+    │   └── UnsupportedDicom         a valid file we do not handle (yet)
+    ├── LimitExceeded                the input asks for more than our bounds allow
+    ├── ProcessingError              the GPU/CPU preprocessing stage failed
+    ├── SinkError                    writing outputs / results        (retriable)
+    └── BrokerError                  Kafka produce/commit failed      (retriable)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class IngestError(Exception):
+    """Base of every error dicom-ingest raises on purpose."""
+
+    retriable: ClassVar[bool] = False
+    reason: ClassVar[str] = "error"
+
+
+class ConfigError(IngestError):
+    """A setting is missing or invalid; the message names the variable."""
+
+    reason = "config"
+
+
+class NotificationError(IngestError):
+    """A Kafka record could not be read as an S3 object notification."""
+
+    reason = "bad_notification"
+
+
+class SourceError(IngestError):
+    """Reading the source object failed."""
+
+    reason = "source"
+
+
+class SourceUnavailable(SourceError):
+    """A transient S3 failure: server error, throttling, timeout, reset."""
+
+    retriable = True
+    reason = "source_unavailable"
+
+
+class TruncatedBody(SourceUnavailable):
+    """A ranged GET returned fewer bytes than asked for; never taken as data."""
+
+    reason = "truncated_body"
+
+
+class ObjectNotFound(SourceError):
+    """The bucket or key does not exist (404)."""
+
+    reason = "not_found"
+
+
+class AccessDenied(SourceError):
+    """The credentials may not read the object (403)."""
+
+    reason = "access_denied"
+
+
+class ObjectChanged(SourceError):
+    """The object's ETag changed while we were reading it (412 on If-Match)."""
+
+    reason = "object_changed"
+
+
+class DicomError(IngestError):
+    """The object is not DICOM this worker can process."""
+
+    reason = "dicom"
+
+
+class NotDicom(DicomError):
+    """The bytes do not parse as DICOM at all."""
+
+    reason = "not_dicom"
+
+
+class MalformedDicom(DicomError):
+    """The header parses but contradicts itself or the object (lengths, sizes)."""
+
+    reason = "malformed_dicom"
+
+
+class UnsupportedDicom(DicomError):
+    """Valid DICOM that this version does not process (e.g. a compressed syntax)."""
+
+    reason = "unsupported_dicom"
+
+
+class LimitExceeded(IngestError):
+    """The input asks for more memory or work than the configured bounds allow."""
+
+    reason = "limit_exceeded"
+
+
+class ProcessingError(IngestError):
+    """The preprocessing stage (GPU or its NumPy twin) failed."""
+
+    reason = "processing"
+
+
+class SinkError(IngestError):
+    """Writing an output object, sidecar or result event failed."""
+
+    retriable = True
+    reason = "sink"
+
+
+class BrokerError(IngestError):
+    """Producing to or committing on Kafka failed."""
+
+    retriable = True
+    reason = "broker"
