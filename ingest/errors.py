@@ -38,6 +38,7 @@ class IngestError(Exception):
 
     retriable: ClassVar[bool] = False
     reason: ClassVar[str] = "error"
+    attempts: int = 1  # set by the retry policy when it gives up
 
 
 class ConfigError(IngestError):

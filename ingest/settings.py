@@ -122,12 +122,13 @@ def parse_window(raw: str) -> tuple[float, float] | None:
     if text in ("", "none"):
         return None
     parts = text.split(",")
+    bad = ConfigError(f"{PREFIX}WINDOW: expected 'none' or 'CENTER,WIDTH', got {raw!r}")
+    if len(parts) != 2:
+        raise bad
     try:
-        if len(parts) != 2:
-            raise ValueError
         center, width = float(parts[0]), float(parts[1])
     except ValueError:
-        raise ConfigError(f"{PREFIX}WINDOW: expected 'none' or 'CENTER,WIDTH', got {raw!r}") from None
+        raise bad from None
     if width < 1:
         raise ConfigError(f"{PREFIX}WINDOW: width must be >= 1, got {width}")
     return center, width

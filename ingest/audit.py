@@ -1,0 +1,312 @@
+"""Sealed, hash-chained audit records (DESIGN.md 3.5).
+
+Each Kafka message on the audit topic is UTF-8 JSON::
+
+    {"v": 1, "alg": "AES-256-GCM", "kid": KEY_ID, "nonce": B64, "aad": B64, "ct": B64}
+
+B64 is standard base64 with padding. ``nonce`` is 12 random bytes (fresh for every
+record), ``ct`` is the AES-256-GCM ciphertext with its 16-byte tag appended, and
+``aad`` is the canonical JSON ``{"alg", "kid", "seq", "trail", "v", "worker"}`` that
+was authenticated with it, so an envelope whose fields were swapped fails to open.
+The plaintext is a canonical JSON record (keys sorted, no spaces, ASCII only) with the
+object's identity and outcome and no patient names or IDs. Records of one trail (one
+``AuditTrail``: a worker process, ``trail`` being random per instance so restarts do
+not collide) form a hash chain: ``seq`` counts from 0 and ``prev`` is the hex SHA-256
+of the previous record's plaintext ("" for the first), so a dropped, reordered or
+altered record shows up in ``verify_chain``. A chain cannot reveal a truncated tail;
+compare the last ``seq`` with the worker's own count for that.
+
+Anyone holding the key can read a record without this package::
+
+    import base64, json
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    env = json.loads(message)
+    nonce, aad, ct = (base64.b64decode(env[f]) for f in ("nonce", "aad", "ct"))
+    record = json.loads(AESGCM(key).decrypt(nonce, ct, aad))
+
+Other AES-GCM APIs want the tag apart: it is ``ct[-16:]``, the ciphertext ``ct[:-16]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from ingest.errors import ConfigError, IngestError
+
+VERSION: Final = 1
+ALG: Final = "AES-256-GCM"
+NONCE_BYTES: Final = 12
+TAG_BYTES: Final = 16
+KEY_BYTES: Final = 32
+MAX_ENVELOPE_BYTES: Final = 1024 * 1024
+ENVELOPE_FIELDS: Final = frozenset({"v", "alg", "kid", "nonce", "aad", "ct"})
+OUTCOMES: Final = frozenset({"success", "failure"})
+
+
+class AuditVerificationError(IngestError):
+    """An audit envelope is malformed, uses an unknown key, or fails authentication."""
+
+    reason = "audit_verification"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """What the worker knows when it audits one object. ``error`` must not quote header
+    values: give the exception class and reason code, never patient data."""
+
+    event: str
+    outcome: str
+    bucket: str
+    key: str
+    etag: str | None
+    version_id: str | None
+    study_instance_uid: str | None = None
+    series_instance_uid: str | None = None
+    sop_instance_uid: str | None = None
+    reason: str | None = None
+    error: str | None = None
+    attempts: int = 1
+    outputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be 'success' or 'failure', not {self.outcome!r}")
+        if not self.event:
+            raise ValueError("event must not be empty")
+        if self.attempts < 0:
+            raise ValueError("attempts must not be negative")
+
+
+def canonical_json(obj: Mapping[str, Any]) -> bytes:
+    """The one serialisation of records and AAD; decoding and re-encoding is stable."""
+    return json.dumps(dict(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def record_digest(record: Mapping[str, Any]) -> str:
+    """Hex SHA-256 of a record's plaintext, the value the next record's ``prev`` holds."""
+    return hashlib.sha256(canonical_json(record)).hexdigest()
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _rfc3339(now: datetime) -> str:
+    if now.tzinfo is None:
+        raise ConfigError("audit clock must return timezone-aware datetimes")
+    return now.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+class AuditTrail:
+    """Sequences events of one worker into a hash chain and seals each one.
+
+    Not thread-safe: call it from the event loop only (sealing is microseconds of
+    CPU). ``seal`` advances the chain at once, so when producing the message fails,
+    retry the same bytes; sealing the event again leaves a gap that ``verify_chain``
+    reports.
+    """
+
+    def __init__(
+        self, key: bytes, key_id: str, worker: str, clock: Callable[[], datetime] = _utcnow
+    ) -> None:
+        if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+            raise ConfigError(f"audit key must be {KEY_BYTES} bytes")
+        if not key_id or not worker:
+            raise ConfigError("audit key id and worker id must not be empty")
+        self._aead = AESGCM(key)
+        self._kid = key_id
+        self._worker = worker
+        self._clock = clock
+        self._trail = os.urandom(8).hex()
+        self._seq = 0
+        self._prev = ""
+
+    @property
+    def trail(self) -> str:
+        return self._trail
+
+    @property
+    def next_seq(self) -> int:
+        """The ``seq`` the next sealed record gets (= records sealed so far)."""
+        return self._seq
+
+    def seal(self, event: AuditEvent) -> bytes:
+        """Return the UTF-8 JSON envelope for ``event`` (the Kafka message value)."""
+        now = self._clock()
+        record = {f.name: getattr(event, f.name) for f in fields(event)}
+        record |= {"v": VERSION, "worker": self._worker, "trail": self._trail, "seq": self._seq}
+        record |= {"prev": self._prev, "outputs": list(event.outputs), "time": _rfc3339(now)}
+        plaintext = canonical_json(record)
+        head = {"v": VERSION, "alg": ALG, "kid": self._kid}
+        aad = canonical_json(
+            head | {"worker": self._worker, "trail": self._trail, "seq": self._seq}
+        )
+        nonce = os.urandom(NONCE_BYTES)
+        ct = self._aead.encrypt(nonce, plaintext, aad)
+        self._seq += 1
+        self._prev = hashlib.sha256(plaintext).hexdigest()
+        envelope = head | {"nonce": _b64(nonce), "aad": _b64(aad), "ct": _b64(ct)}
+        return json.dumps(envelope, separators=(",", ":")).encode()
+
+
+def _fail(why: str) -> AuditVerificationError:
+    return AuditVerificationError(f"audit envelope rejected: {why}")
+
+
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise _fail(f"{what} is not UTF-8 JSON") from None
+    if not isinstance(obj, dict):
+        raise _fail(f"{what} is not a JSON object")
+    return obj
+
+
+def _unb64(value: object, name: str) -> bytes:
+    if not isinstance(value, str):
+        raise _fail(f"{name} is not a string")
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (ValueError, binascii.Error):
+        raise _fail(f"{name} is not base64") from None
+
+
+def open_envelope(message: bytes, keys: Mapping[str, bytes]) -> dict[str, Any]:
+    """Decrypt and authenticate one audit message; return its plaintext record.
+
+    Raises:
+        AuditVerificationError: malformed envelope, unknown ``kid``, bad base64 or
+            nonce, failed tag, or AAD/record fields that disagree with the envelope.
+        ConfigError: the key registered for ``kid`` is not 32 bytes.
+    """
+    if len(message) > MAX_ENVELOPE_BYTES:
+        raise _fail("message too large")
+    env = _json_object(message, "message")
+    if set(env) != ENVELOPE_FIELDS:
+        raise _fail(f"fields must be exactly {sorted(ENVELOPE_FIELDS)}")
+    v, alg, kid = env["v"], env["alg"], env["kid"]
+    if type(v) is not int or v != VERSION or alg != ALG:
+        raise _fail("unsupported version or algorithm")
+    if not isinstance(kid, str) or kid not in keys:
+        raise _fail("unknown key id")
+    key = keys[kid]
+    if len(key) != KEY_BYTES:
+        raise ConfigError(f"audit key {kid!r} must be {KEY_BYTES} bytes")
+    nonce, aad, ct = (_unb64(env[name], name) for name in ("nonce", "aad", "ct"))
+    if len(nonce) != NONCE_BYTES or len(ct) < TAG_BYTES:
+        raise _fail("bad nonce or ciphertext length")
+    try:
+        plaintext = AESGCM(key).decrypt(nonce, ct, aad)
+    except InvalidTag:
+        raise _fail("authentication failed") from None
+    header = _json_object(aad, "aad")
+    if (header.get("v"), header.get("alg"), header.get("kid")) != (v, alg, kid):
+        raise _fail("aad does not match the envelope")
+    record = _json_object(plaintext, "plaintext")
+    for name in ("worker", "trail", "seq"):
+        if name not in header or record.get(name) != header[name]:
+            raise _fail(f"record {name} does not match the aad")
+    return record
+
+
+@dataclass(frozen=True, slots=True)
+class ChainProblem:
+    """One finding of ``verify_chain``; ``seq`` is the record it was noticed at."""
+
+    worker: str
+    trail: str
+    seq: int | None
+    kind: str  # "missing" | "break" | "out_of_order" | "conflict" | "malformed"
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainReport:
+    """Counts per kind of finding, and the findings; ``ok`` when there are none."""
+
+    records: int
+    trails: int
+    missing: int  # seq numbers absent from a trail
+    breaks: int  # records whose prev is not the digest of their predecessor
+    out_of_order: int  # records that arrived after a higher seq of their trail
+    duplicates: int  # identical copies (at-least-once delivery); not a problem
+    malformed: int
+    problems: tuple[ChainProblem, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _identity(rec: Mapping[str, Any]) -> tuple[str, str, int] | None:
+    worker, trail, seq, prev = (rec.get(f) for f in ("worker", "trail", "seq", "prev"))
+    if not (isinstance(worker, str) and isinstance(trail, str) and isinstance(prev, str)):
+        return None
+    return (worker, trail, seq) if type(seq) is int and seq >= 0 else None
+
+
+def verify_chain(records: Iterable[Mapping[str, Any]], *, from_start: bool = True) -> ChainReport:
+    """Check opened records, in arrival order, trail by trail.
+
+    With ``from_start=False`` (a topic whose retention dropped the head) a trail may
+    begin at any ``seq`` and its first ``prev`` is not checked.
+    """
+    problems: list[ChainProblem] = []
+    trails: dict[tuple[str, str], dict[int, Mapping[str, Any]]] = {}
+    highest: dict[tuple[str, str], int] = {}
+    count = duplicates = malformed = out_of_order = 0
+    for rec in records:
+        count += 1
+        ident = _identity(rec)
+        if ident is None:
+            malformed += 1
+            problems.append(ChainProblem("?", "?", None, "malformed", "bad worker/trail/seq/prev"))
+            continue
+        worker, trail, seq = ident
+        tid = (worker, trail)
+        seen = trails.setdefault(tid, {})
+        if seq in seen:
+            if record_digest(seen[seq]) == record_digest(rec):
+                duplicates += 1
+            else:
+                problems.append(ChainProblem(worker, trail, seq, "conflict", "two records"))
+            continue
+        if seq < highest.get(tid, -1):
+            out_of_order += 1
+            problems.append(ChainProblem(worker, trail, seq, "out_of_order", "arrived late"))
+        highest[tid] = max(seq, highest.get(tid, -1))
+        seen[seq] = rec
+    missing = breaks = 0
+    for (worker, trail), seen in trails.items():
+        expected = 0 if from_start else min(seen)
+        prev_digest: str | None = "" if from_start else None
+        for seq in sorted(seen):
+            if seq != expected:
+                missing += seq - expected
+                gap = f"{expected}..{seq - 1}"
+                problems.append(ChainProblem(worker, trail, seq, "missing", gap))
+                prev_digest = None  # the predecessor is gone; its digest is unknown
+            if prev_digest is not None and seen[seq]["prev"] != prev_digest:
+                breaks += 1
+                problems.append(ChainProblem(worker, trail, seq, "break", "prev mismatch"))
+            prev_digest = record_digest(seen[seq])
+            expected = seq + 1
+    return ChainReport(
+        count, len(trails), missing, breaks, out_of_order, duplicates, malformed, tuple(problems)
+    )

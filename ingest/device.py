@@ -1,0 +1,90 @@
+"""The async side of the device stage: batching chunks for the dedicated device thread.
+
+Object tasks call ``DeviceStage.process(job)``; the stage gathers requests from
+a bounded memory stream into batches (up to ``batch_max_objects`` jobs, or
+whatever arrived within ``batch_wait_ms`` of the first), hands each batch to
+``gpu.thread.DeviceThread`` and resolves every request when the batch's
+``concurrent.futures.Future`` completes. Two batches may be in flight so the
+device thread always has the next one queued while the loop waits. Nothing
+here blocks the event loop: the thread does all CUDA work and the loop only
+awaits futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from gpu.thread import ChunkJob, ChunkResult, DeviceThread
+
+from ingest.errors import ProcessingError
+from ingest.settings import Settings
+
+BATCHES_IN_FLIGHT = 2
+
+
+@dataclass(slots=True)
+class _Request:
+    job: ChunkJob
+    done: asyncio.Future[ChunkResult]
+
+
+class DeviceStage:
+    """Batches chunk jobs onto one ``DeviceThread``. Start ``run`` in a task group."""
+
+    def __init__(self, thread: DeviceThread, settings: Settings) -> None:
+        self.thread = thread
+        self._max = settings.batch_max_objects
+        self._wait = settings.batch_wait_ms / 1000.0
+        send, receive = anyio.create_memory_object_stream[_Request](settings.stage_buffer)
+        self._send: MemoryObjectSendStream[_Request] = send
+        self._receive: MemoryObjectReceiveStream[_Request] = receive
+        self._in_flight = anyio.Semaphore(BATCHES_IN_FLIGHT)
+        self.batches = 0
+        self.jobs = 0
+
+    @property
+    def backend(self) -> str:
+        return self.thread.backend
+
+    async def process(self, job: ChunkJob) -> ChunkResult:
+        """Preprocess one chunk; returns its result or raises ``ProcessingError``."""
+        done: asyncio.Future[ChunkResult] = asyncio.get_running_loop().create_future()
+        await self._send.send(_Request(job, done))
+        return await done
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Gather and dispatch batches until cancelled."""
+        async with anyio.create_task_group() as group, self._receive:
+            task_status.started()
+            async for first in self._receive:
+                batch = [first]
+                with anyio.move_on_after(self._wait):
+                    while len(batch) < self._max:
+                        batch.append(await self._receive.receive())
+                await self._in_flight.acquire()
+                group.start_soon(self._dispatch, batch)
+
+    async def _dispatch(self, batch: list[_Request]) -> None:
+        try:
+            future = self.thread.submit([r.job for r in batch])
+            self.batches += 1
+            self.jobs += len(batch)
+            try:
+                outcomes = await asyncio.wrap_future(future)
+            except Exception as exc:
+                outcomes = [exc] * len(batch)
+            for request, outcome in zip(batch, outcomes, strict=True):
+                if request.done.done():
+                    continue  # the object task was cancelled meanwhile
+                if isinstance(outcome, BaseException):
+                    error = ProcessingError(f"{type(outcome).__name__}: {outcome}")
+                    error.__cause__ = outcome
+                    request.done.set_exception(error)
+                else:
+                    request.done.set_result(outcome)
+        finally:
+            self._in_flight.release()

@@ -1,0 +1,42 @@
+"""The one retry policy: capped exponential backoff with full jitter, on retriable errors.
+
+Everything that talks to S3 or Kafka runs its calls through ``with_retries``.
+The policy reads ``IngestError.retriable`` and nothing else, so what is worth
+retrying is decided where foreign exceptions are translated, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from ingest.errors import IngestError
+from ingest.settings import Settings
+
+T = TypeVar("T")
+
+
+def retry_policy(settings: Settings) -> AsyncRetrying:
+    """At most ``max_attempts`` tries; waits grow from ~50 ms, capped at ``retry_max_wait_s``."""
+    return AsyncRetrying(
+        retry=retry_if_exception(lambda e: isinstance(e, IngestError) and e.retriable),
+        wait=wait_random_exponential(multiplier=0.05, max=settings.retry_max_wait_s),
+        stop=stop_after_attempt(settings.max_attempts),
+        reraise=True,
+    )
+
+
+async def with_retries(settings: Settings, call: Callable[[], Awaitable[T]]) -> T:
+    """Run ``call`` under the policy; the error that ends it records the attempts made."""
+    attempts = 0
+    try:
+        async for attempt in retry_policy(settings):
+            with attempt:
+                attempts += 1
+                return await call()
+    except IngestError as exc:
+        exc.attempts = attempts
+        raise
+    raise AssertionError("unreachable: reraise=True re-raises the last error")

@@ -1,0 +1,253 @@
+"""Writing outputs: the ``.npy`` array (streamed, multipart when large) and its JSON sidecar.
+
+For a source ``s3://B/K`` the outputs are ``OUTPUT_URL + B + "/" + K + ".npy"``
+and ``... + ".json"`` (DESIGN.md 3.4). The array arrives as output chunks in
+order; small arrays are written with one PUT, larger ones with a multipart
+upload whose parts (at least 8 MiB, S3 wants 5 MiB) are uploaded while later
+chunks are still being processed, a few at a time, so the sink holds at most
+``parts_in_flight + 1`` parts of memory per object whatever its size. The
+bytes depend only on the source version and the settings, so writing the same
+object twice gives the same keys with the same bytes (idempotent outputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import anyio
+import numpy as np
+from anyio.abc import TaskGroup
+
+from ingest.errors import SinkError
+from ingest.fetch import translate_s3_error
+from ingest.retry import with_retries
+from ingest.settings import Settings
+
+MIN_PART = 8 * 1024 * 1024
+
+
+def output_keys(settings: Settings, bucket: str, key: str) -> tuple[str, str]:
+    """The ``.npy`` and ``.json`` keys (in the output bucket) for a source object."""
+    base = f"{settings.output_prefix}{bucket}/{key}"
+    return base + ".npy", base + ".json"
+
+
+def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
+    """The header of a C-order ``.npy`` file (format 1.0 or 2.0 as NumPy picks)."""
+    out = io.BytesIO()
+    header: dict[str, Any] = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": False,
+        "shape": shape,
+    }
+    try:
+        np.lib.format.write_array_header_1_0(out, header)
+    except ValueError:  # header over 64 KiB: only absurd shapes; v2 lifts the limit
+        out = io.BytesIO()
+        np.lib.format.write_array_header_2_0(out, header)
+    return out.getvalue()
+
+
+@dataclass(slots=True)
+class _Upload:
+    upload_id: str | None = None
+    parts: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ArrayWriter:
+    """Streams one ``.npy`` object. Use as ``async with sink.array(...) as w: await w.write(..)``.
+
+    On an exception inside the block the multipart upload is aborted, so no
+    partial object is ever visible under the output key.
+    """
+
+    def __init__(self, sink: OutputSink, key: str, shape: tuple[int, ...], dtype: str) -> None:
+        self._sink = sink
+        self._key = key
+        header = npy_header(shape, dtype)
+        self.payload = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.total = len(header) + self.payload
+        self._buffer = bytearray(header)
+        self._written = 0
+        self._upload = _Upload()
+        self._part_size = max(MIN_PART, sink.settings.part_size)
+        self._multipart = self.total > 2 * self._part_size
+        self._limiter = anyio.Semaphore(sink.parts_in_flight)
+        self._group: TaskGroup | None = None
+        self._error: Exception | None = None  # first failed part, raised in the writer's task
+
+    async def __aenter__(self) -> ArrayWriter:
+        if self._multipart:
+            self._group = anyio.create_task_group()
+            await self._group.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._group is not None:
+            if exc is not None:
+                self._group.cancel_scope.cancel()
+            try:
+                await self._group.__aexit__(exc_type, exc, tb)
+            except BaseException:
+                await self._abort()
+                raise
+        try:
+            if exc is None:
+                self._raise_failed_part()
+                await self._finish()
+        except BaseException:
+            await self._abort()
+            raise
+        if exc is not None:
+            await self._abort()
+        return None
+
+    async def write(self, values: np.ndarray) -> None:
+        """Append output values (any shape, C order, the writer's dtype)."""
+        self._raise_failed_part()
+        data = np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
+        if self._written + len(data) > self.payload:
+            raise _PermanentSinkError("more output values than the array's shape holds")
+        self._buffer += data
+        self._written += len(data)
+        if self._multipart:
+            while len(self._buffer) >= self._part_size:
+                part = bytes(self._buffer[: self._part_size])
+                del self._buffer[: self._part_size]
+                await self._start_part(part)
+
+    async def _start_part(self, body: bytes) -> None:
+        if self._upload.upload_id is None:
+            self._upload.upload_id = await self._sink._create_upload(self._key)
+        number = len(self._upload.parts) + 1
+        self._upload.parts.append({"PartNumber": number})
+        await self._limiter.acquire()  # bounds parts (memory) in flight
+        assert self._group is not None
+        self._group.start_soon(self._put_part, number, body)
+
+    async def _put_part(self, number: int, body: bytes) -> None:
+        try:
+            etag = await self._sink._upload_part(self._key, self._upload.upload_id, number, body)
+            self._upload.parts[number - 1]["ETag"] = etag
+        except Exception as exc:  # raised by write()/finish in the owner's task, unwrapped
+            self._error = self._error or exc
+        finally:
+            self._limiter.release()
+
+    def _raise_failed_part(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    async def _finish(self) -> None:
+        if self._written != self.payload:
+            raise _PermanentSinkError(f"output has {self._written} bytes, expected {self.payload}")
+        if not self._multipart:
+            await self._sink.put(self._key, bytes(self._buffer), "application/octet-stream")
+            return
+        if self._buffer:  # the last part may be smaller than the rest
+            if self._upload.upload_id is None:
+                self._upload.upload_id = await self._sink._create_upload(self._key)
+            number = len(self._upload.parts) + 1
+            etag = await self._sink._upload_part(
+                self._key, self._upload.upload_id, number, bytes(self._buffer)
+            )
+            self._upload.parts.append({"PartNumber": number, "ETag": etag})
+            self._buffer.clear()
+        await self._sink._complete_upload(self._key, self._upload.upload_id, self._upload.parts)
+
+    async def _abort(self) -> None:
+        if self._upload.upload_id is not None:
+            with anyio.CancelScope(shield=True):
+                await self._sink._abort_upload(self._key, self._upload.upload_id)
+
+
+class OutputSink:
+    """Writes outputs to the output bucket through an aiobotocore S3 client."""
+
+    def __init__(self, client: Any, settings: Settings, parts_in_flight: int = 4) -> None:
+        self._client = client
+        self.settings = settings
+        self.parts_in_flight = parts_in_flight
+
+    def array(self, key: str, shape: tuple[int, ...], dtype: str) -> ArrayWriter:
+        return ArrayWriter(self, key, shape, dtype)
+
+    async def put(self, key: str, body: bytes, content_type: str) -> None:
+        """One PUT, retried on transient failures.
+
+        Raises:
+            SinkError: the write failed for good.
+        """
+
+        async def call() -> None:
+            await self._call("put_object", Key=key, Body=body, ContentType=content_type)
+
+        await with_retries(self.settings, call)
+
+    async def put_json(self, key: str, document: Mapping[str, Any]) -> None:
+        body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+        await self.put(key, body, "application/json")
+
+    async def _create_upload(self, key: str) -> str:
+        async def call() -> str:
+            resp = await self._call(
+                "create_multipart_upload", Key=key, ContentType="application/octet-stream"
+            )
+            return str(resp["UploadId"])
+
+        return await with_retries(self.settings, call)
+
+    async def _upload_part(self, key: str, upload_id: str | None, number: int, body: bytes) -> str:
+        async def call() -> str:
+            resp = await self._call(
+                "upload_part", Key=key, UploadId=upload_id, PartNumber=number, Body=body
+            )
+            return str(resp["ETag"])
+
+        return await with_retries(self.settings, call)
+
+    async def _complete_upload(
+        self, key: str, upload_id: str | None, parts: list[dict[str, Any]]
+    ) -> None:
+        async def call() -> None:
+            await self._call(
+                "complete_multipart_upload",
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+
+        await with_retries(self.settings, call)
+
+    async def _abort_upload(self, key: str, upload_id: str) -> None:
+        # What we could not abort, the bucket's lifecycle rule for incomplete uploads reaps.
+        with contextlib.suppress(SinkError):
+            await self._call("abort_multipart_upload", Key=key, UploadId=upload_id)
+
+    async def _call(self, operation: str, **kwargs: Any) -> Any:
+        try:
+            with anyio.fail_after(self.settings.read_timeout_s):
+                return await getattr(self._client, operation)(
+                    Bucket=self.settings.output_bucket, **kwargs
+                )
+        except Exception as exc:
+            error = translate_s3_error(exc, operation)
+            sink_error = SinkError(f"{operation}: {error}")
+            if not error.retriable:
+                sink_error = _PermanentSinkError(f"{operation}: {error}")
+            raise sink_error from exc
+
+
+class _PermanentSinkError(SinkError):
+    retriable = False

