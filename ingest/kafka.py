@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
@@ -108,7 +109,6 @@ class Publisher:
         await self.send(self._settings.dlq_topic, encode_json(document), key)
 
 
-
 async def commit(consumer: AIOKafkaConsumer, offsets: Mapping[Partition, int]) -> None:
     """Commit offsets (next offset to read) for partitions.
 
@@ -121,3 +121,31 @@ async def commit(consumer: AIOKafkaConsumer, offsets: Mapping[Partition, int]) -
         )
     except KafkaError as exc:
         raise BrokerError(f"commit: {type(exc).__name__}: {exc}") from exc
+
+
+async def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[bytes]:
+    """Every message of a topic, from the beginning to the end it has now (no group).
+
+    Raises:
+        BrokerError: the broker could not be read within ``timeout_s``.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        with anyio.fail_after(timeout_s):
+            await consumer.start()
+            await consumer.topics()  # loads the metadata partitions_for_topic reads
+            partitions = sorted(consumer.partitions_for_topic(topic) or {0})
+            parts = [TopicPartition(topic, p) for p in partitions]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            ends = await consumer.end_offsets(parts)
+            values: list[bytes] = []
+            for tp in parts:
+                while await consumer.position(tp) < ends[tp]:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    values.extend(r.value for records in batch.values() for r in records)
+            return values
+    except (KafkaError, TimeoutError) as exc:
+        raise BrokerError(f"reading {topic}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        await consumer.stop()

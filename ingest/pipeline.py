@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import anyio
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream
-from gpu.thread import ChunkJob
 
+from gpu.thread import ChunkJob
 from ingest.device import DeviceStage
 from ingest.dicom import DicomHeader, NeedMoreBytes, parse_header
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, ObjectChanged
@@ -189,9 +189,7 @@ async def _read_header(
             raise MalformedDicom("the header does not end inside the object")
         next_length = min(head.size, max(parsed.at_least, length * 2))
         if next_length > ctx.settings.max_header_bytes:
-            raise LimitExceeded(
-                f"DICOM header larger than {ctx.settings.max_header_bytes} bytes"
-            )
+            raise LimitExceeded(f"DICOM header larger than {ctx.settings.max_header_bytes} bytes")
         length = next_length
 
 
@@ -213,9 +211,9 @@ async def _large(
         _ordered_reads(ctx, ref, head, [c.range for c in chunks]) as reads,
     ):
         index = 0
-            async for slot, view in reads:
-                await _consume_chunk(ctx, header, hasher, out, chunks[index], slot, view)
-                index += 1
+        async for slot, view in reads:
+            await _consume_chunk(ctx, header, hasher, out, chunks[index], slot, view)
+            index += 1
     async with _ordered_reads(ctx, ref, head, trailer) as reads:
         async for slot, view in reads:
             try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import importlib.metadata
 import os
@@ -31,12 +32,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ingest.errors import ConfigError, IngestError
 
@@ -123,132 +123,13 @@ def _free_ports(count: int, grpc: bool = False) -> list[int]:
 
 
 def _run_async(factory: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to completion on a private loop, even if the caller runs a loop."""
-    result: list[T] = []
-    errors: list[BaseException] = []
+    """Run a coroutine on a private loop in a helper thread, so callers may run a loop too."""
 
-    def target() -> None:
-        async def main() -> T:
-            return await factory()
+    async def main() -> T:
+        return await factory()
 
-        try:
-            result.append(asyncio.run(main()))
-        except BaseException as exc:  # handed to the calling thread below
-            errors.append(exc)
-
-    worker = threading.Thread(target=target, name="dicom-ingest-stack", daemon=True)
-    worker.start()
-    worker.join()
-    if errors:
-        raise errors[0]
-    return result[0]
-
-
-_LIVE: set[_Process] = set()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for proc in list(_LIVE):
-        proc.signal(signal.SIGKILL)
-
-
-class _Process:
-    """One server process in its own process group, logging to a file."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
-        self.argv, self.env, self.cwd, self.log = argv, env, cwd, log
-        self._popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self._popen is not None, "never started"
-        return self._popen.pid
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:  # the child keeps its own copy of the descriptor
-            self._popen = subprocess.Popen(
-                self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        _LIVE.add(self)
-
-    def alive(self) -> bool:
-        """Whether the leader is still running; never reaps it, so its group id stays ours."""
-        if self._popen is None or self._popen.returncode is not None:
-            return False
-        try:
-            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
-            return os.waitid(os.P_PID, self._popen.pid, flags) is None
-        except ChildProcessError:
-            return False
-
-    def signal(self, signum: int) -> None:
-        if self._popen is not None and self._popen.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._popen.pid, signum)
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM the group, SIGKILL it after ``timeout``, then reap; idempotent."""
-        if self._popen is None or self._popen.returncode is not None:
-            return
-        self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        self.signal(signal.SIGKILL)  # the group's stragglers too, before the id can be reused
-        self._popen.wait()
-        _LIVE.discard(self)
-
-    def kill(self) -> None:
-        self.stop(timeout=0)
-
-    def log_tail(self, size: int = 3000) -> str:
-        try:
-            data = self.log.read_bytes()[-size:]
-        except OSError:
-            return "(no log)"
-        return re.sub(r"\x1b\[[0-9;]*m", "", data.decode(errors="replace"))
-
-
-def _wait_ready(proc: _Process, name: str, probe: Callable[[], bool], timeout: float) -> None:
-    """Poll ``probe`` until it answers True, the process dies, or ``timeout`` passes.
-
-    Raises:
-        StackError: the process exited or never became ready; the log tail is attached.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        if not proc.alive():
-            raise StackError(f"{name} exited during start-up; log {proc.log}:\n{proc.log_tail()}")
-        if probe():
-            return
-        if time.monotonic() > deadline:
-            raise StackError(
-                f"{name} not ready in {timeout:.0f}s; log {proc.log}:\n{proc.log_tail()}"
-            )
-        time.sleep(0.05)
-
-
-def _start_retrying(name: str, attempt: Callable[[], _Process], ready: Callable[[], None]) -> None:
-    """Start via ``attempt`` and wait via ``ready``; retry only when a port was lost to a race.
-
-    Raises:
-        StackError: start-up failed for another reason, or kept losing port races.
-    """
-    for tries_left in range(_START_ATTEMPTS - 1, -1, -1):
-        proc = attempt()
-        try:
-            ready()
-            return
-        except BaseException as exc:
-            proc.kill()
-            if not (isinstance(exc, StackError) and _PORT_TAKEN.search(proc.log_tail())):
-                raise
-            if tries_left == 0:
-                raise StackError(
-                    f"{name}: ports kept being taken; log:\n{proc.log_tail()}"
-                ) from exc
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dicom-ingest-stack") as ex:
+        return ex.submit(asyncio.run, main()).result()
 
 
 def _s3_client(endpoint_url: str, creds: S3Credentials, timeout: float = 5.0) -> Any:
@@ -264,22 +145,130 @@ def _s3_client(endpoint_url: str, creds: S3Credentials, timeout: float = 5.0) ->
     )  # fmt: skip
 
 
-class SeaweedFS:
-    """One ``weed mini`` (master, volume, filer, S3) on loopback ports in a fresh directory."""
+_LIVE: set[_Server] = set()
 
-    def __init__(self, datadir: Path, credentials: S3Credentials) -> None:
-        self.datadir, self.credentials = datadir, credentials
-        self.endpoint_url = ""
-        self._proc: _Process | None = None
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for server in list(_LIVE):
+        server._signal(signal.SIGKILL)
+
+
+class _Server:
+    """One server process in its own process group, logging to a file in ``directory``."""
+
+    name: ClassVar[str]
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.log = directory / f"{self.name.lower()}.log"
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._log_from = 0
+
+    def _command(self, new_ports: bool) -> tuple[list[str], dict[str, str]]:
+        raise NotImplementedError
+
+    def _answers(self) -> bool:
+        raise NotImplementedError
 
     @property
     def pid(self) -> int:
-        assert self._proc is not None
-        return self._proc.pid
+        assert self._popen is not None, "never started"
+        return self._popen.pid
 
-    def _spawn(self) -> _Process:
+    def _start(self, new_ports: bool = True) -> None:
+        """Launch and wait until ready; retry on new ports when one was lost to a race.
+
+        Raises:
+            StackError: the server exited or did not answer within ``READY_TIMEOUT_S``.
+        """
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            argv, env = self._command(new_ports)
+            with self.log.open("ab") as out:  # the child keeps its own copy of the descriptor
+                self._log_from = out.tell()
+                self._popen = subprocess.Popen(
+                    argv, cwd=self.directory, env=env, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                )  # fmt: skip
+            _LIVE.add(self)
+            try:
+                self._wait_ready()
+                return
+            except BaseException as exc:
+                self.kill()
+                lost_port = isinstance(exc, StackError) and _PORT_TAKEN.search(self._log_tail())
+                if not (new_ports and lost_port and attempt < _START_ATTEMPTS):
+                    raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if not self._alive():
+                problem = "exited during start-up"
+            elif self._answers():
+                return
+            elif time.monotonic() > deadline:
+                problem = f"not ready in {READY_TIMEOUT_S:.0f}s"
+            else:
+                time.sleep(0.05)
+                continue
+            raise StackError(f"{self.name} {problem}; log {self.log}:\n{self._log_tail()}")
+
+    def _alive(self) -> bool:
+        """Whether the leader runs; never reaps it, so its group id cannot be reused meanwhile."""
+        if self._popen is None or self._popen.returncode is not None:
+            return False
+        try:
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            return os.waitid(os.P_PID, self._popen.pid, flags) is None
+        except ChildProcessError:
+            return False
+
+    def _signal(self, signum: int) -> None:
+        if self._popen is not None and self._popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, signum)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM the process group, SIGKILL it after ``timeout``, reap; idempotent."""
+        if self._popen is None or self._popen.returncode is not None:
+            return
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self._alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._signal(signal.SIGKILL)  # stragglers in the group too, while its id is still ours
+        self._popen.wait()
+        _LIVE.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once, as a crash would; idempotent."""
+        self.stop(timeout=0)
+
+    def _log_tail(self, size: int = 3000) -> str:
+        try:
+            with self.log.open("rb") as log:
+                log.seek(max(self._log_from, log.seek(0, os.SEEK_END) - size))
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return "(no log)"
+        return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+class SeaweedFS(_Server):
+    """One ``weed mini`` (master, volume, filer, S3) on loopback ports in a fresh directory."""
+
+    name = "SeaweedFS"
+
+    def __init__(self, directory: Path, credentials: S3Credentials) -> None:
+        super().__init__(directory)
+        self.credentials = credentials
+        self.endpoint_url = ""
+
+    def _command(self, new_ports: bool) -> tuple[list[str], dict[str, str]]:
         admin, master, volume, filer, s3 = _free_ports(5, grpc=True)
-        d = self.datadir
+        d = self.directory
+        self.endpoint_url = f"http://127.0.0.1:{s3}"
         argv = [
             weed_bin(), f"-logdir={d}", "mini", f"-dir={d}", "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false",
@@ -287,39 +276,22 @@ class SeaweedFS:
             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
             f"-s3.port={s3}", f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock",
         ]  # fmt: skip
-        env = dict(os.environ, AWS_ACCESS_KEY_ID=self.credentials.access_key)
-        env["AWS_SECRET_ACCESS_KEY"] = self.credentials.secret_key
-        self.endpoint_url = f"http://127.0.0.1:{s3}"
-        self._proc = _Process(argv, env, d, d / "seaweedfs.log")
-        self._proc.start()
-        return self._proc
+        c = self.credentials
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=c.access_key, AWS_SECRET_ACCESS_KEY=c.secret_key)
+        return argv, env
 
     def _answers(self) -> bool:
         client = _s3_client(self.endpoint_url, self.credentials, timeout=1.0)
         try:
             client.list_buckets()  # a signed GET /; anonymous gets 403 once credentials are set
             return True
-        except Exception:  # not listening yet, or 5xx while the filer comes up
+        except Exception:  # not listening yet, or an error while the filer comes up
             return False
         finally:
             client.close()
 
-    def _ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        assert self._proc is not None
-        _wait_ready(self._proc, "SeaweedFS", self._answers, timeout)
-
-    def stop(self) -> None:
-        """SIGTERM, SIGKILL after a timeout; idempotent."""
-        if self._proc is not None:
-            self._proc.stop()
-
-    def kill(self) -> None:
-        """SIGKILL at once; idempotent."""
-        if self._proc is not None:
-            self._proc.kill()
-
     def create_bucket(self, name: str) -> None:
-        """Create ``name``; one that we already own is fine.
+        """Create bucket ``name``; one that we own already is fine.
 
         Raises:
             StackError: the S3 API refused (e.g. an invalid name) or did not answer.
@@ -362,80 +334,55 @@ def start_seaweedfs(
         ConfigError: ``weed`` is not installed.
         StackError: it did not become ready within ``READY_TIMEOUT_S``.
     """
-    with _owned_dir(workdir, "seaweedfs-") as datadir:
-        server = SeaweedFS(datadir, credentials or S3Credentials())
+    with _owned_dir(workdir, "seaweedfs-") as directory:
+        server = SeaweedFS(directory, credentials or S3Credentials())
         try:
-            _start_retrying("SeaweedFS", server._spawn, server._ready)
+            server._start()
             yield server
         finally:
             server.stop()
 
 
-class Tansu:
-    """One ``tansu broker``; ``restart`` keeps its port and storage."""
+class Tansu(_Server):
+    """One ``tansu broker``; ``restart`` keeps its port and its storage."""
 
-    def __init__(self, storage: str, env: dict[str, str], logdir: Path) -> None:
-        self.storage, self._env, self._logdir = storage, env, logdir
+    name = "Tansu"
+
+    def __init__(self, directory: Path, storage: str, env: dict[str, str]) -> None:
+        super().__init__(directory)
+        self.storage, self._env = storage, env
         self.bootstrap = ""
-        self._proc: _Process | None = None
 
-    @property
-    def pid(self) -> int:
-        assert self._proc is not None
-        return self._proc.pid
-
-    def _spawn(self, port: int | None = None) -> _Process:
-        port = port or _free_ports(1)[0]
-        self.bootstrap = f"127.0.0.1:{port}"
+    def _command(self, new_ports: bool) -> tuple[list[str], dict[str, str]]:
+        if new_ports:
+            self.bootstrap = f"127.0.0.1:{_free_ports(1)[0]}"
         url = f"tcp://{self.bootstrap}"
         argv = [tansu_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url]
-        argv += ["--storage-engine", self.storage]
-        self._proc = _Process(argv, self._env, self._logdir, self._logdir / "tansu.log")
-        self._proc.start()
-        return self._proc
+        return [*argv, "--storage-engine", self.storage], self._env
 
     def _answers(self) -> bool:
         host, port = self.bootstrap.rsplit(":", 1)
         try:
             socket.create_connection((host, int(port)), timeout=0.5).close()
-            _run_async(lambda: _list_topics(self.bootstrap))
+            _run_async(lambda: _list_topics(self.bootstrap, timeout_ms=1000))
             return True
         except Exception:  # refused while binding, or metadata not served yet
             return False
 
-    def _ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        assert self._proc is not None
-        _wait_ready(self._proc, "Tansu", self._answers, timeout)
-
-    def stop(self) -> None:
-        """SIGTERM, SIGKILL after a timeout; idempotent."""
-        if self._proc is not None:
-            self._proc.stop()
-
-    def kill(self) -> None:
-        """SIGKILL at once, as a crash would; idempotent."""
-        if self._proc is not None:
-            self._proc.kill()
-
     def restart(self) -> None:
-        """Stop if running, then start again on the same port and storage and wait until ready.
+        """Stop if running, start again on the same port and storage, wait until ready.
 
         Raises:
             StackError: it did not come back (e.g. the port was taken meanwhile).
         """
         self.stop()
-        self._spawn(int(self.bootstrap.rsplit(":", 1)[1]))
-        try:
-            self._ready()
-        except BaseException:
-            self.kill()
-            raise
+        self._start(new_ports=False)
 
 
-async def _list_topics(bootstrap: str) -> list[str]:
+async def _list_topics(bootstrap: str, timeout_ms: int) -> list[str]:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
     await admin.start()
     try:
         return list(await admin.list_topics())
@@ -468,9 +415,9 @@ def start_tansu(
             "AWS_DEFAULT_REGION": s3.credentials.region, "AWS_ALLOW_HTTP": "true",
         }  # fmt: skip
     with _owned_dir(workdir, "tansu-") as logdir:
-        broker = Tansu(storage, env, logdir)
+        broker = Tansu(logdir, storage, env)
         try:
-            _start_retrying("Tansu", broker._spawn, broker._ready)
+            broker._start()
             yield broker
         finally:
             broker.stop()
@@ -547,8 +494,10 @@ def embedded_stack(workdir: Path | None = None, durable_broker: bool = False) ->
         ConfigError: a server binary is not installed.
         StackError: a server did not become ready.
     """
-    with contextlib.ExitStack() as stack, _owned_dir(workdir, "stack-") as root:
-        s3 = stack.enter_context(start_seaweedfs(root))
-        storage = "s3://tansu/" if durable_broker else "memory://tansu/"
-        kafka = stack.enter_context(start_tansu(storage, s3 if durable_broker else None, root))
+    storage = "s3://tansu/" if durable_broker else "memory://tansu/"
+    with (
+        _owned_dir(workdir, "stack-") as root,
+        start_seaweedfs(root) as s3,
+        start_tansu(storage, s3 if durable_broker else None, root) as kafka,
+    ):
         yield Stack(s3, kafka, root)

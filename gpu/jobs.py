@@ -1,0 +1,119 @@
+"""What the device thread is given and gives back, and its CPU runner (the NumPy twin).
+
+A runner turns one batch of ``ChunkJob``\\s into one outcome per job, in job
+order: a ``ChunkResult``, or the exception that failed that job alone, so one
+bad chunk never fails its neighbours. Every runner calls each job's
+``on_consumed`` exactly once, on the device thread, as soon as the job's host
+bytes may be reused, whether the job succeeded or not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from gpu.formats import PixelFormat, Transform
+from gpu.preprocess import preprocess_numpy
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkJob:
+    """One chunk of raw samples to preprocess.
+
+    ``data`` is read-only for the device thread and must stay untouched until
+    ``on_consumed`` is called. ``keep_on_device`` returns the CuPy output too
+    (for a user hook; ignored on the CPU backend); ``want_host=False`` then
+    skips the copy back to the host.
+    """
+
+    data: memoryview
+    fmt: PixelFormat
+    transform: Transform
+    first_element: int
+    on_consumed: Callable[[], None]
+    keep_on_device: bool = False
+    want_host: bool = True
+
+
+@dataclass(slots=True)
+class ChunkResult:
+    """One chunk's output: ``host`` is 1-D ``out_dtype`` in output order.
+
+    ``host`` is a fresh array owned by the caller (None only for
+    ``keep_on_device`` jobs with ``want_host=False``); ``device`` is the CuPy
+    array of ``keep_on_device`` jobs on CUDA. Timings come from CUDA events on
+    the GPU (``kernel_seconds`` is the whole batch's launch, the same in every
+    result of a batch) and from ``perf_counter`` on the CPU.
+    """
+
+    host: npt.NDArray[Any] | None
+    device: Any | None
+    backend: str
+    h2d_seconds: float = 0.0
+    kernel_seconds: float = 0.0
+    d2h_seconds: float = 0.0
+
+
+class Runner(Protocol):
+    """Runs batches on the device thread; created and used only there."""
+
+    backend: str
+
+    def run(self, jobs: Sequence[ChunkJob]) -> list[ChunkResult | BaseException]: ...
+
+    def stats(self) -> dict[str, int | float]: ...
+
+    def close(self) -> None: ...
+
+
+def consume(job: ChunkJob) -> BaseException | None:
+    """Call ``job.on_consumed``; returns what it raised instead of raising it."""
+    try:
+        job.on_consumed()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def host_bytes(data: memoryview) -> npt.NDArray[np.uint8]:
+    """A 1-D uint8 array over ``data`` without copying (any contiguous format)."""
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+class CpuRunner:
+    """The NumPy twin of ``gpu.transfer.CudaRunner``."""
+
+    backend = "cpu"
+
+    def __init__(self) -> None:
+        self._stats: dict[str, int | float] = {"jobs": 0, "failed_jobs": 0, "bytes_in": 0}
+
+    def run(self, jobs: Sequence[ChunkJob]) -> list[ChunkResult | BaseException]:
+        outcomes: list[ChunkResult | BaseException] = []
+        for job in jobs:
+            outcome: ChunkResult | BaseException
+            started = time.perf_counter()
+            try:
+                raw = host_bytes(job.data)
+                values = preprocess_numpy(raw, job.fmt, job.transform, job.first_element)
+                outcome = ChunkResult(values, None, "cpu", 0.0, time.perf_counter() - started)
+                self._stats["bytes_in"] += raw.nbytes
+            except Exception as exc:
+                outcome = exc
+            failed = consume(job)
+            outcome = failed if failed is not None else outcome
+            self._stats["jobs"] += 1
+            self._stats["failed_jobs"] += isinstance(outcome, BaseException)
+            outcomes.append(outcome)
+        return outcomes
+
+    def stats(self) -> dict[str, int | float]:
+        return dict(self._stats)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,214 @@
+"""The CUDA twin of ``preprocess_numpy``: one RawKernel launch for a batch of chunks.
+
+Each chunk of a batch is described by one row of ``P_COUNT`` int64 parameters
+(sizes, device pointers, dtype code, flags, offsets into a table of rescale
+slopes and intercepts) and ``FP_COUNT`` float64 parameters (window constants).
+The launch grid is ``(gx, chunks)``: ``blockIdx.y`` picks the chunk and the
+blocks along x stride over its samples, so chunks of any mix of sizes, stored
+types, transforms and output dtypes share one launch.
+
+Bit-identity with NumPy: every float64 operation uses an ``_rn`` intrinsic, so
+the compiler cannot contract ``x * slope + intercept`` into an FMA (NumPy rounds
+the product and the sum separately), and float64 -> float16 is the single PTX
+instruction ``cvt.rn.f16.f64`` (what ``__double2half`` in cuda_fp16.h uses on
+the device), one correct round-to-nearest-even like NumPy's ``astype``; never
+through float32, which would round twice. float64 -> float32 is inline PTX too
+(``cvt.rn.f32.f64``, no ``.ftz``): CuPy appends ``-ftz=true`` to every NVRTC
+compile, which makes ``__double2float_rn`` flush float32 subnormals to zero
+where NumPy keeps them (seen on an H200 with CuPy 14.2). Float64 arithmetic is
+never flushed.
+
+Importing this module needs NumPy only; CuPy is imported when a kernel is built.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpu.preprocess import F_HALF, F_PER_FRAME, F_PLANAR, F_RESCALE, F_STEP, F_WINDOW, ChunkPlan
+
+# Layout of one chunk's int64 parameter row.
+P_N, P_SRC, P_DST, P_FIRST, P_FRAME, P_PLANE, P_CODE, P_SHIFT, P_FLAGS = range(9)
+P_SLOPES, P_NSLOPES, P_ICPTS, P_NICPTS = range(9, 13)
+P_COUNT = 16
+FP_COUNT = 2  # low (center - 0.5), span (width - 1)
+
+THREADS = 256
+MAX_GRID_X = 2048
+MAX_GRID_Y = 65535
+
+_CONSTANTS = {
+    "P_COUNT": P_COUNT,
+    "FP_COUNT": FP_COUNT,
+    "P_N": P_N,
+    "P_SRC": P_SRC,
+    "P_DST": P_DST,
+    "P_FIRST": P_FIRST,
+    "P_FRAME": P_FRAME,
+    "P_PLANE": P_PLANE,
+    "P_CODE": P_CODE,
+    "P_SHIFT": P_SHIFT,
+    "P_FLAGS": P_FLAGS,
+    "P_SLOPES": P_SLOPES,
+    "P_NSLOPES": P_NSLOPES,
+    "P_ICPTS": P_ICPTS,
+    "P_NICPTS": P_NICPTS,
+    "F_RESCALE": F_RESCALE,
+    "F_WINDOW": F_WINDOW,
+    "F_STEP": F_STEP,
+    "F_PLANAR": F_PLANAR,
+    "F_HALF": F_HALF,
+    "F_PER_FRAME": F_PER_FRAME,
+}
+
+_BODY = r"""
+
+template <typename S, typename U, bool HALF>
+__device__ __forceinline__ void run_chunk(const long long* p, const double* fp, const double* table)
+{
+    const long long n = p[P_N];
+    const U* src = reinterpret_cast<const U*>(static_cast<unsigned long long>(p[P_SRC]));
+    void* dst = reinterpret_cast<void*>(static_cast<unsigned long long>(p[P_DST]));
+    const long long first = p[P_FIRST];
+    const long long fe = p[P_FRAME];
+    const long long plane = p[P_PLANE];
+    const int shift = static_cast<int>(p[P_SHIFT]);
+    const long long flags = p[P_FLAGS];
+    const double* slopes = table + p[P_SLOPES];
+    const double* icpts = table + p[P_ICPTS];
+    const bool per_slope = p[P_NSLOPES] > 1;
+    const bool per_icpt = p[P_NICPTS] > 1;
+    const double low = fp[0];
+    const double span = fp[1];
+    const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        // pydicom's (x << s) >> s in the stored type: the left shift in the
+        // unsigned twin (defined on overflow), the right shift in S (sign-extends).
+        const U u = static_cast<U>(src[i] << shift);
+        double y = static_cast<double>(static_cast<S>(static_cast<S>(u) >> shift));
+        if (flags & F_RESCALE) {
+            const long long frame = (flags & F_PER_FRAME) ? (first + i) / fe : 0;
+            y = __dadd_rn(__dmul_rn(y, slopes[per_slope ? frame : 0]),
+                          icpts[per_icpt ? frame : 0]);
+        }
+        if (flags & F_STEP) {
+            y = (y > low) ? 1.0 : 0.0;
+        } else if (flags & F_WINDOW) {
+            y = __dadd_rn(__ddiv_rn(__dsub_rn(y, low), span), 0.5);
+            y = (y < 0.0) ? 0.0 : ((y > 1.0) ? 1.0 : y);
+        }
+        long long o = i;
+        if (flags & F_PLANAR) {
+            const long long f = i / fe;
+            const long long r = i - f * fe;
+            const long long s = r / plane;
+            o = f * fe + (r - s * plane) * 3 + s;
+        }
+        if (HALF) {
+            unsigned short h;
+            asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(y));
+            static_cast<unsigned short*>(dst)[o] = h;
+        } else {
+            float v;  // not __double2float_rn: CuPy compiles with -ftz=true, which flushes it
+            asm("cvt.rn.f32.f64 %0, %1;" : "=f"(v) : "d"(y));
+            static_cast<float*>(dst)[o] = v;
+        }
+    }
+}
+
+extern "C" __global__ void dicom_preprocess(const long long* __restrict__ params,
+                                            const double* __restrict__ fparams,
+                                            const double* __restrict__ table)
+{
+    const long long* p = params + static_cast<long long>(blockIdx.y) * P_COUNT;
+    const double* fp = fparams + static_cast<long long>(blockIdx.y) * FP_COUNT;
+    const bool half = (p[P_FLAGS] & F_HALF) != 0;
+    switch (static_cast<int>(p[P_CODE]) * 2 + (half ? 1 : 0)) {
+    case 0: run_chunk<unsigned char, unsigned char, false>(p, fp, table); break;
+    case 1: run_chunk<unsigned char, unsigned char, true>(p, fp, table); break;
+    case 2: run_chunk<signed char, unsigned char, false>(p, fp, table); break;
+    case 3: run_chunk<signed char, unsigned char, true>(p, fp, table); break;
+    case 4: run_chunk<unsigned short, unsigned short, false>(p, fp, table); break;
+    case 5: run_chunk<unsigned short, unsigned short, true>(p, fp, table); break;
+    case 6: run_chunk<short, unsigned short, false>(p, fp, table); break;
+    case 7: run_chunk<short, unsigned short, true>(p, fp, table); break;
+    case 8: run_chunk<unsigned int, unsigned int, false>(p, fp, table); break;
+    case 9: run_chunk<unsigned int, unsigned int, true>(p, fp, table); break;
+    case 10: run_chunk<int, unsigned int, false>(p, fp, table); break;
+    case 11: run_chunk<int, unsigned int, true>(p, fp, table); break;
+    default: break;
+    }
+}
+"""
+
+SOURCE: str = "".join(f"#define {k} {v}\n" for k, v in _CONSTANTS.items()) + _BODY
+
+
+def pack_params(
+    plans: Sequence[ChunkPlan], src_ptrs: Sequence[int], dst_ptrs: Sequence[int]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The kernel's parameter arrays for ``plans``, whose samples are at the given device pointers.
+
+    Returns ``(params, fparams, table)``: int64 ``(chunks, P_COUNT)``, float64
+    ``(chunks, FP_COUNT)`` and the float64 table of slopes and intercepts (never empty).
+    """
+    ints = np.zeros((len(plans), P_COUNT), dtype=np.int64)
+    floats = np.zeros((len(plans), FP_COUNT), dtype=np.float64)
+    table: list[float] = [1.0, 0.0]  # the (unused) rescale of chunks without one
+    for row, (plan, src, dst) in enumerate(zip(plans, src_ptrs, dst_ptrs, strict=True)):
+        slope_at, icpt_at = 0, 1
+        if plan.flags & F_RESCALE:
+            slope_at = len(table)
+            table.extend(plan.slopes)
+            icpt_at = len(table)
+            table.extend(plan.intercepts)
+        ints[row, P_N] = plan.n
+        ints[row, P_SRC] = src
+        ints[row, P_DST] = dst
+        ints[row, P_FIRST] = plan.first_element
+        ints[row, P_FRAME] = plan.frame_elements
+        ints[row, P_PLANE] = plan.plane_elements
+        ints[row, P_CODE] = plan.dtype_code
+        ints[row, P_SHIFT] = plan.shift
+        ints[row, P_FLAGS] = plan.flags
+        ints[row, P_SLOPES] = slope_at
+        ints[row, P_NSLOPES] = len(plan.slopes)
+        ints[row, P_ICPTS] = icpt_at
+        ints[row, P_NICPTS] = len(plan.intercepts)
+        floats[row] = (plan.low, plan.span)
+    return ints, floats, np.asarray(table, dtype=np.float64)
+
+
+@functools.cache
+def _kernel() -> Any:
+    import cupy
+
+    return cupy.RawKernel(SOURCE, "dicom_preprocess")
+
+
+def compile_kernel() -> None:
+    """Build the kernel now (NVRTC, cached on disk by CuPy) instead of at the first launch."""
+    _kernel().compile()
+
+
+def launch(params: Any, fparams: Any, table: Any, chunks: int, max_n: int) -> None:
+    """Launch the batch kernel on the current CuPy stream (device copies of ``pack_params``).
+
+    Batches of more than ``MAX_GRID_Y`` chunks take one launch per ``MAX_GRID_Y``.
+    """
+    kernel = _kernel()
+    params, fparams = params.ravel(), fparams.ravel()
+    grid_x = max(1, min(-(-max_n // THREADS), MAX_GRID_X))
+    for first in range(0, chunks, MAX_GRID_Y):
+        rows = min(MAX_GRID_Y, chunks - first)
+        kernel(
+            (grid_x, rows, 1),
+            (THREADS, 1, 1),
+            (params[first * P_COUNT :], fparams[first * FP_COUNT :], table),
+        )

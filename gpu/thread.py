@@ -1,0 +1,205 @@
+"""The dedicated device thread: the only thread that calls CuPy.
+
+One ``threading.Thread`` owns the device, its non-blocking CUDA stream, the
+staging arenas and the CUDA events (``gpu.transfer.CudaRunner``), or the NumPy
+twin (``gpu.jobs.CpuRunner``) when CUDA is absent. Work reaches it through a
+FIFO queue and comes back through ``concurrent.futures.Future``\\s, which the
+asyncio side awaits with ``asyncio.wrap_future``: nothing here blocks a loop.
+
+``submit`` resolves to one outcome per job, in job order: a ``ChunkResult`` or
+the exception that failed that job alone. The future itself fails only when
+the thread cannot run the batch at all. Each job's ``on_consumed`` is called
+exactly once, on this thread, also for failed jobs and cancelled batches.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpu.jobs import ChunkJob, ChunkResult, CpuRunner, Runner, consume
+from gpu.memory import COUNTERS, HostBuffer, alloc_host
+
+__all__ = ["ChunkJob", "ChunkResult", "DeviceThread", "cuda_unavailable_reason"]
+
+Device = Literal["auto", "cuda", "cpu"]
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None when CuPy imports and sees a CUDA device, else why not.
+
+    This probe is the one CuPy call made off the device thread; it counts
+    devices and creates no CUDA context.
+    """
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        return f"cupy cannot be imported ({type(exc).__name__}: {exc})"
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        return f"no usable CUDA driver ({type(exc).__name__}: {exc})"
+    return None if count > 0 else "no CUDA device is visible"
+
+
+@dataclass(slots=True)
+class _Work:
+    run: Callable[[], Any]
+    future: concurrent.futures.Future[Any]
+    on_cancel: Callable[[], None] | None = None
+
+
+class DeviceThread:
+    """Owns the device; use as a context manager or ``start()`` / ``close()``.
+
+    Raises (constructor):
+        ValueError: ``device`` is not auto, cuda or cpu.
+        RuntimeError: ``device="cuda"`` where CUDA is not usable.
+    """
+
+    def __init__(self, device: Device = "auto", *, device_index: int = 0) -> None:
+        if device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device must be auto, cuda or cpu, not {device!r}")
+        backend = "cpu"
+        if device != "cpu":
+            why = cuda_unavailable_reason()
+            if why is None:
+                backend = "cuda"
+            elif device == "cuda":
+                raise RuntimeError(f"device 'cuda' was asked for, but {why}")
+        self.backend: str = backend
+        self._device_index = device_index
+        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._runner: Runner | None = None
+        self._counts = {"batches": 0, "host_allocations": 0}
+
+    def start(self) -> None:
+        """Start the thread and set up the device; idempotent.
+
+        Raises:
+            RuntimeError: the thread was closed.
+            Exception: whatever setting up the device raised (CUDA errors, NVRTC).
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("device thread is closed")
+            if self._thread is not None:
+                return
+            ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._thread = threading.Thread(
+                target=self._main, args=(ready,), name="dicom-ingest-device", daemon=True
+            )
+            self._thread.start()
+        try:
+            ready.result()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Finish the queued work, free the device's buffers and join; idempotent."""
+        with self._lock:
+            thread, self._closed = self._thread, True
+            if thread is not None and thread.is_alive():
+                self._queue.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def __enter__(self) -> DeviceThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def submit(
+        self, jobs: Sequence[ChunkJob]
+    ) -> concurrent.futures.Future[list[ChunkResult | BaseException]]:
+        """Queue one batch; the future resolves to one outcome per job, in order.
+
+        Raises:
+            RuntimeError: the thread is closed (``on_consumed`` is not called then).
+        """
+        batch = list(jobs)
+
+        def run() -> list[ChunkResult | BaseException]:
+            assert self._runner is not None
+            self._counts["batches"] += 1
+            return self._runner.run(batch)
+
+        def cancelled() -> None:
+            for job in batch:
+                consume(job)
+
+        return self._put(_Work(run, concurrent.futures.Future(), cancelled))
+
+    def alloc_host(self, nbytes: int) -> HostBuffer:
+        """Allocate a host buffer on the device thread (pinned on CUDA); waits for it.
+
+        Raises:
+            RuntimeError: the thread is closed.
+            MemoryError: the allocation failed.
+        """
+        pinned = self.backend == "cuda"
+
+        def run() -> HostBuffer:
+            self._counts["host_allocations"] += 1
+            return alloc_host(nbytes, pinned=pinned)
+
+        if self._thread is threading.current_thread():
+            return run()
+        result: HostBuffer = self._put(_Work(run, concurrent.futures.Future())).result()
+        return result
+
+    def stats(self) -> dict[str, int | float]:
+        """Counters of the thread, its runner and host allocations (a snapshot)."""
+        runner = self._runner
+        merged: dict[str, int | float] = {**COUNTERS.snapshot(), **self._counts}
+        if runner is not None:
+            merged.update(runner.stats())
+        return merged
+
+    def _put(self, work: _Work) -> concurrent.futures.Future[Any]:
+        self.start()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("device thread is closed")
+            self._queue.put(work)
+        return work.future
+
+    def _main(self, ready: concurrent.futures.Future[None]) -> None:
+        failure: BaseException | None = None
+        try:
+            if self.backend == "cuda":
+                from gpu.transfer import CudaRunner
+
+                self._runner = CudaRunner(self._device_index)
+            else:
+                self._runner = CpuRunner()
+        except BaseException as exc:
+            failure = exc
+            ready.set_exception(exc)
+        else:
+            ready.set_result(None)
+        try:
+            while (work := self._queue.get()) is not None:
+                if failure is not None or not work.future.set_running_or_notify_cancel():
+                    if work.on_cancel is not None:
+                        work.on_cancel()
+                    if failure is not None and not work.future.cancelled():
+                        work.future.set_exception(RuntimeError("device setup failed"))
+                    continue
+                try:
+                    work.future.set_result(work.run())
+                except BaseException as exc:
+                    work.future.set_exception(exc)
+        finally:
+            if self._runner is not None:
+                self._runner.close()

@@ -1,0 +1,62 @@
+"""Range planning and Pixel Data chunking (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu.formats import PixelFormat
+from ingest.errors import LimitExceeded
+from ingest.planning import ByteRange, chunk_pixels, first_read, split_range
+
+MiB = 1024 * 1024
+
+
+def fmt(
+    frames: int, rows: int, cols: int, samples: int = 1, bits: int = 16, planar: bool = False
+) -> PixelFormat:
+    return PixelFormat(rows, cols, frames, samples, bits, bits, False, planar)
+
+
+def test_http_range_is_inclusive() -> None:
+    assert ByteRange(0, 10).http_range == "bytes=0-9"
+    assert ByteRange(5, 6).length == 1
+
+
+def test_first_read_small_and_large() -> None:
+    assert first_read(500_000, 8 * MiB) == ByteRange(0, 500_000)
+    probe = first_read(100 * MiB, 8 * MiB)
+    assert probe.start == 0 and probe.length < 8 * MiB
+
+
+@given(st.integers(0, 10**7), st.integers(1, 10**7), st.integers(10**3, 10**6))
+@settings(max_examples=200, deadline=None)
+def test_split_range_covers_exactly(start: int, length: int, part: int) -> None:
+    ranges = split_range(start, start + length, part)
+    assert ranges[0].start == start and ranges[-1].end == start + length
+    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(0 < r.length <= part for r in ranges)
+
+
+def test_chunks_hold_whole_frames_when_a_frame_fits() -> None:
+    f = fmt(frames=100, rows=512, cols=512)  # 0.5 MiB frames
+    chunks = chunk_pixels(1234, f, 8 * MiB)
+    assert len(chunks) == 7  # 16 frames per 8 MiB chunk
+    assert all(c.first_element % f.frame_elements == 0 for c in chunks)
+    assert chunks[0].range.start == 1234
+    assert chunks[-1].range.end == 1234 + f.total_bytes
+    assert sum(c.elements for c in chunks) == f.total_elements
+
+
+def test_frames_larger_than_a_part_split_on_samples() -> None:
+    f = fmt(frames=2, rows=4096, cols=4096)  # 32 MiB frames
+    chunks = chunk_pixels(0, f, 8 * MiB)
+    assert len(chunks) == 8
+    assert all(c.range.length <= 8 * MiB for c in chunks)
+
+
+def test_planar_colour_frame_larger_than_a_part_is_refused() -> None:
+    f = fmt(frames=1, rows=4096, cols=4096, samples=3, bits=8, planar=True)
+    with pytest.raises(LimitExceeded):
+        chunk_pixels(0, f, 8 * MiB)
