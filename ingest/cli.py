@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from ingest.demo import run_demo
 
-            configure_logging(json=False, level=logging.WARNING)
+            configure_logging(json=False, level=logging.ERROR)  # the table says the rest
             return _run(run_demo, args.device, args.multiframe_mb, args.series)
         if args.command == "stack":
             from ingest.stack_cli import run_stack

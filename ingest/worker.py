@@ -235,7 +235,7 @@ class Worker:
                 await self._fail(progress, ref, error, permit_held=False)
                 return
             await self._publisher.result(document, ref.key.encode())
-            await self._audit(success_event(done), ref.key)
+            await self._audit(success_event(done))
             self.stats.processed += 1
             log.info("processed", key=key_digest(ref.key), size=done.head.size)
             self._report(Outcome(ref, done, None))
@@ -256,7 +256,7 @@ class Worker:
         try:
             document = dead_letter(progress.summary, ref, error, self.settings.worker_id)
             await self._publisher.dead_letter(document, ref.key.encode() if ref else None)
-            await self._audit(failure_event(ref, error), ref.key if ref else "")
+            await self._audit(failure_event(ref, error))
             self.stats.dead_lettered += 1
             log.warning(
                 "dead-lettered",
@@ -270,15 +270,18 @@ class Worker:
             if permit_held:
                 self._permits.release()
 
-    async def _audit(self, event: AuditEvent, key: str) -> None:
-        """Seal and enqueue under a lock (the chain's order is the topic's order), then wait."""
+    async def _audit(self, event: AuditEvent) -> None:
+        """Seal and enqueue under a lock, then wait for the broker.
+
+        The message key is the worker id, so one worker's hash chain lives in
+        one partition, in the order it was sealed.
+        """
         assert self._publisher is not None
+        topic, key = self.settings.audit_topic, self.settings.worker_id.encode()
         async with self._audit_lock:
             envelope = self._trail.seal(event)
-            delivery = await self._publisher.enqueue(
-                self.settings.audit_topic, envelope, key.encode()
-            )
-        await self._publisher.confirm(delivery, self.settings.audit_topic, envelope, key.encode())
+            delivery = await self._publisher.enqueue(topic, envelope, key)
+        await self._publisher.confirm(delivery, topic, envelope, key)
 
     def _report(self, outcome: Outcome) -> None:
         if self._on_outcome is not None:

@@ -1,0 +1,424 @@
+"""DICOM header parsing: where an object's native Pixel Data lies and what it means.
+
+Pure (the worker calls it in a worker thread): an object's first bytes go in, a
+frozen :class:`DicomHeader` comes out, or :class:`NeedMoreBytes`. pydicom reads
+the header; ``dcmread(..., stop_before_pixels=True)`` leaves the file position
+on the first byte of the top-level (7FE0,0010) tag (its reader seeks back over
+the tag/VR/length it has just read before it stops), and the 8-byte implicit or
+12-byte explicit OB/OW element header is read here. Only native little-endian
+Pixel Data is handled; other transfer syntaxes are refused from the file meta
+alone, so a Deflated object is never inflated here. ``parse_header`` is the one
+place where foreign exceptions become ``ingest.errors``; messages carry element
+names and numbers, never values that could be patient data.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import re
+import struct
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Final
+
+from pydicom.dataelem import RawDataElement
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+from pydicom.filereader import dcmread, read_dataset
+from pydicom.uid import UID
+
+from gpu.formats import OutDtype, PixelFormat, Transform
+from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
+
+IMPLICIT_VR_LE: Final = "1.2.840.10008.1.2"
+EXPLICIT_VR_LE: Final = "1.2.840.10008.1.2.1"
+SUPPORTED_TRANSFER_SYNTAXES: Final = frozenset({IMPLICIT_VR_LE, EXPLICIT_VR_LE})
+
+_MIB: Final = 1024 * 1024
+_MIN_REQUEST: Final = 64 * 1024
+_PIXEL_TAG: Final = b"\xe0\x7f\x10\x00"
+_FLOAT_TAGS: Final = {b"\xe0\x7f\x08\x00": "Float", b"\xe0\x7f\x09\x00": "Double Float"}
+_UNDEFINED_LENGTH: Final = 0xFFFFFFFF
+_ROWS_TAG: Final = 0x00280010
+_IMAGE_KEYWORDS: Final = "SamplesPerPixel Rows Columns BitsAllocated BitsStored PixelRepresentation"
+_UID_RE: Final = re.compile(r"[0-9.]{1,64}")
+_OTHER_PHOTOMETRIC: Final = frozenset(
+    "PALETTE_COLOR YBR_FULL YBR_FULL_422 YBR_PARTIAL_422 YBR_PARTIAL_420 YBR_ICT YBR_RCT "
+    "HSV ARGB CMYK XYB".replace("_COLOR", " COLOR").split(" ")
+)
+
+# warnings.catch_warnings() swaps process-wide state: two threads nesting it out
+# of order can leave a filter behind for good, so parses take turns (they hold
+# the GIL almost throughout anyway).
+_PYDICOM_LOCK = threading.Lock()
+_quiet = threading.local()
+
+
+def _drop_while_parsing(record: logging.LogRecord) -> bool:
+    # pydicom logs what it warns about, values included (names, IDs): keep those
+    # out of the worker's logs while this module drives pydicom.
+    return not getattr(_quiet, "on", False)
+
+
+logging.getLogger("pydicom").addFilter(_drop_while_parsing)
+
+
+@dataclass(frozen=True, slots=True)
+class DicomHeader:
+    """What the pipeline needs from one DICOM object's header."""
+
+    transfer_syntax_uid: str  # from the file meta, or the encoding pydicom found
+    study_instance_uid: str | None
+    series_instance_uid: str | None
+    sop_instance_uid: str | None
+    modality: str | None
+    photometric_interpretation: str
+    pixel: PixelFormat
+    transform_slopes: tuple[float, ...]  # one value for all frames, or one per frame
+    transform_intercepts: tuple[float, ...]
+    rescale: bool  # False: pydicom's Modality LUT leaves stored values as they are
+    pixel_offset: int  # byte offset of the Pixel Data value within the object
+    pixel_length: int  # == pixel.total_bytes; the element may hold more (a pad byte)
+
+    def transform(self, window: tuple[float, float] | None, out_dtype: OutDtype) -> Transform:
+        """The preprocessing of this object's samples, with the worker's window and dtype."""
+        return Transform(
+            self.transform_slopes, self.transform_intercepts, self.rescale, window, out_dtype
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NeedMoreBytes:
+    """The prefix ended before the Pixel Data element header; try again with more."""
+
+    at_least: int  # bytes of prefix to fetch next (never more than the object)
+
+
+class _Short(Exception):
+    """Internal: the prefix ran out; ``need`` is a lower bound of what suffices."""
+
+    def __init__(self, need: int = 0) -> None:
+        self.need = need
+
+
+class _Source(io.BytesIO):
+    """A BytesIO that notes whether pydicom ever asked for bytes past its end."""
+
+    def __init__(self, data: bytes, start: int = 0) -> None:
+        super().__init__(data)
+        self.seek(start)
+        self.hit_end = False  # any short read, a clean end of the data included
+        self.partial = False  # a read that got some, but not all, of what it asked for
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        out = super().read(size)
+        if size is not None and 0 <= len(out) < size:
+            self.hit_end = True
+            self.partial = self.partial or len(out) > 0
+        return out
+
+
+class _Step:
+    """What the parse is doing, for error messages; never holds element values."""
+
+    now = "checking the preamble"
+
+
+def parse_header(
+    prefix: bytes | memoryview,
+    object_size: int,
+    *,
+    max_header_bytes: int = 16 * _MIB,
+    max_pixel_bytes: int = 64 * 1024 * _MIB,
+) -> DicomHeader | NeedMoreBytes:
+    """Parse the header in ``prefix`` (the object's first bytes) and locate its Pixel Data.
+
+    Returns :class:`NeedMoreBytes` when ``prefix`` is shorter than the object
+    and ends before the Pixel Data element header.
+
+    Raises:
+        NotDicom: the bytes are not DICOM (or, without 'DICM', not a DICOM image).
+        UnsupportedDicom: a transfer syntax, photometric interpretation, bit depth,
+            Modality LUT Sequence ... this version does not process; no Pixel Data.
+        MalformedDicom: the header contradicts itself or the object's size.
+        LimitExceeded: the header is longer than ``max_header_bytes``, or the
+            pixel data would be larger than ``max_pixel_bytes``.
+        ValueError: ``object_size`` is smaller than the prefix (a caller bug).
+    """
+    data = bytes(prefix)
+    if object_size < len(data):
+        raise ValueError(f"object_size {object_size} is smaller than the prefix ({len(data)})")
+    has_dicm = data[128:132] == b"DICM"
+    step = _Step()
+    with _PYDICOM_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _quiet.on = True
+        try:
+            return _parse(data, object_size, has_dicm, max_pixel_bytes, step)
+        except _Short as short:
+            if len(data) >= max_header_bytes:
+                raise LimitExceeded(f"DICOM header larger than {max_header_bytes} bytes") from None
+            want = max(2 * len(data), short.need, _MIN_REQUEST)
+            return NeedMoreBytes(at_least=min(want, max_header_bytes, object_size))
+        except (LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom):
+            raise
+        except InvalidDicomError as exc:
+            raise NotDicom(f"not DICOM ({step.now})") from exc
+        except RecursionError as exc:
+            raise MalformedDicom(f"sequences nested too deeply ({step.now})") from exc
+        except MemoryError as exc:
+            raise LimitExceeded(f"out of memory {step.now}") from exc
+        except Exception as exc:
+            kind = MalformedDicom if has_dicm else NotDicom
+            raise kind(f"unreadable header: {step.now} failed ({type(exc).__name__})") from exc
+        finally:
+            _quiet.on = False
+
+
+def _parse(
+    data: bytes, object_size: int, has_dicm: bool, max_pixel_bytes: int, step: _Step
+) -> DicomHeader:
+    complete = len(data) == object_size
+    if not has_dicm:
+        if len(data) < 132 and not complete:
+            raise _Short(132)
+        if not _starts_with_element(data, object_size):
+            raise NotDicom("no 'DICM' prefix at byte 128 and no DICOM element at byte 0")
+
+    step.now = "reading the file meta information"
+    syntax = _meta_transfer_syntax(data, has_dicm, complete)
+
+    step.now = "reading the header"
+    src = _Source(data)
+    try:
+        ds = dcmread(src, stop_before_pixels=True, force=True)
+    except Exception:
+        if not complete and src.hit_end:
+            raise _Short() from None
+        raise
+    pos = src.tell()
+    tag = data[pos : pos + 4]
+    if tag != _PIXEL_TAG:
+        if tag in _FLOAT_TAGS:
+            raise UnsupportedDicom(f"{_FLOAT_TAGS[tag]} Pixel Data is not supported")
+        if not complete:
+            raise _Short(pos + 12)
+        if not has_dicm:
+            raise NotDicom("no 'DICM' prefix and no Pixel Data: not a DICOM image")
+        if data.find(_PIXEL_TAG, 132) != -1 or src.partial:
+            raise MalformedDicom("truncated or inconsistent lengths: Pixel Data not reachable")
+        raise UnsupportedDicom("no Pixel Data")
+
+    step.now = "reading the image elements"
+    implicit = _implicit_vr(ds, has_dicm)
+    offset, length = _pixel_element(data, pos, implicit, complete)
+    pixel, photometric = _pixel_format(ds, has_dicm)
+    expected = pixel.total_bytes
+    if expected > max_pixel_bytes:
+        raise LimitExceeded(f"pixel data of {expected} bytes exceeds the limit ({max_pixel_bytes})")
+    if length == _UNDEFINED_LENGTH:
+        raise MalformedDicom("Pixel Data has undefined length in a native transfer syntax")
+    if length < expected:
+        raise MalformedDicom(f"Pixel Data holds {length} bytes but the header needs {expected}")
+    if offset + expected > object_size:
+        raise MalformedDicom(f"truncated: Pixel Data ends past the {object_size}-byte object")
+    if offset + length > object_size:
+        raise MalformedDicom(f"Pixel Data length runs past the {object_size}-byte object")
+    if length // pixel.frame_bytes > pixel.frames:  # pydicom would return the extra frames
+        raise MalformedDicom("Pixel Data holds more frames than Number of Frames says")
+
+    step.now = "reading the Modality LUT"
+    slopes, intercepts, rescale = _modality_rescale(ds, pixel.frames)
+    step.now = "reading the UIDs"
+    return DicomHeader(
+        transfer_syntax_uid=syntax or (IMPLICIT_VR_LE if implicit else EXPLICIT_VR_LE),
+        study_instance_uid=_text(ds, "StudyInstanceUID"),
+        series_instance_uid=_text(ds, "SeriesInstanceUID"),
+        sop_instance_uid=_text(ds, "SOPInstanceUID"),
+        modality=_text(ds, "Modality"),
+        photometric_interpretation=photometric,
+        pixel=pixel,
+        transform_slopes=slopes,
+        transform_intercepts=intercepts,
+        rescale=rescale,
+        pixel_offset=offset,
+        pixel_length=expected,
+    )
+
+
+def _starts_with_element(data: bytes, object_size: int) -> bool:
+    """Whether a file without preamble plausibly opens with a DICOM element."""
+    if len(data) < 8 or data[:2] not in (b"\x02\x00", b"\x08\x00"):
+        return False
+    vr = data[4:6]
+    return (vr.isalpha() and vr.isupper()) or struct.unpack_from("<I", data, 4)[0] <= object_size
+
+
+def _meta_transfer_syntax(data: bytes, has_dicm: bool, complete: bool) -> str | None:
+    """The file meta's Transfer Syntax UID, refusing all but the native LE syntaxes."""
+    start = 132 if has_dicm else 0
+    if data[start : start + 2] != b"\x02\x00":
+        return None  # no file meta: pydicom guesses the encoding from the data set
+    src = _Source(data, start)
+    try:
+        meta = read_dataset(src, False, True, stop_when=lambda tag, _vr, _len: tag >> 16 != 2)
+        value = meta.get("TransferSyntaxUID")
+    except Exception:
+        if not complete and src.hit_end:
+            raise _Short() from None
+        raise
+    if not complete and src.hit_end:
+        raise _Short()
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise MalformedDicom("Transfer Syntax UID is not a single UID")
+    syntax = str(value)
+    if syntax not in SUPPORTED_TRANSFER_SYNTAXES:
+        # only a well-formed UID is echoed: these bytes could be anything
+        shown = f"{syntax} ({UID(syntax).name})" if _UID_RE.fullmatch(syntax) else "(not a UID)"
+        raise UnsupportedDicom(
+            f"transfer syntax {shown} is not supported; only native "
+            "Implicit/Explicit VR Little Endian Pixel Data is processed"
+        )
+    return syntax
+
+
+def _implicit_vr(ds: Dataset, has_dicm: bool) -> bool:
+    """The encoding pydicom actually read the data set with (it may override the meta)."""
+    raw = ds.get_item(_ROWS_TAG)
+    if raw is None:
+        raise _missing("Rows", has_dicm)
+    encoding: tuple[bool | None, bool | None] = ds.original_encoding
+    if isinstance(raw, RawDataElement):
+        encoding = (raw.is_implicit_VR, raw.is_little_endian)
+    if not encoding[1]:
+        raise UnsupportedDicom("big endian data sets are not supported")
+    return bool(encoding[0])
+
+
+def _pixel_element(data: bytes, pos: int, implicit: bool, complete: bool) -> tuple[int, int]:
+    """(value offset, value length) of the Pixel Data element whose tag is at ``pos``."""
+    size = 8 if implicit else 12
+    if pos + size > len(data):
+        if not complete:
+            raise _Short(pos + size)
+        raise MalformedDicom("truncated: the object ends inside the Pixel Data element header")
+    if not implicit and data[pos + 4 : pos + 6] not in (b"OB", b"OW"):
+        raise MalformedDicom(f"Pixel Data has VR {data[pos + 4 : pos + 6]!r}, not OB or OW")
+    return pos + size, int(struct.unpack_from("<I", data, pos + size - 4)[0])
+
+
+def _missing(keyword: str, has_dicm: bool) -> Exception:
+    if not has_dicm:
+        return NotDicom(f"no 'DICM' prefix and no {keyword}: not a DICOM image")
+    return MalformedDicom(f"missing {keyword}")
+
+
+def _int(ds: Dataset, keyword: str, has_dicm: bool, default: int | None = None) -> int:
+    value = ds.get(keyword)
+    if value is None or value == "":
+        if default is not None:
+            return default
+        raise _missing(keyword, has_dicm)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedDicom(f"{keyword} is not a single integer")
+    return int(value)
+
+
+def _pixel_format(ds: Dataset, has_dicm: bool) -> tuple[PixelFormat, str]:
+    photometric = ds.get("PhotometricInterpretation")
+    if photometric is None or photometric == "":
+        raise _missing("PhotometricInterpretation", has_dicm)
+    if not isinstance(photometric, str):
+        raise MalformedDicom("PhotometricInterpretation is not a single value")
+    photometric = photometric.strip()
+    samples, rows, columns, allocated, stored, representation = (
+        _int(ds, keyword, has_dicm) for keyword in _IMAGE_KEYWORDS.split()
+    )
+    # as pydicom does: an absent, empty or 0 Number of Frames means one frame
+    frames = _int(ds, "NumberOfFrames", has_dicm, default=1) or 1
+
+    if photometric in ("MONOCHROME1", "MONOCHROME2", "RGB"):
+        if samples != (3 if photometric == "RGB" else 1):
+            raise MalformedDicom(f"{photometric} with {samples} samples per pixel")
+    else:
+        shown = repr(photometric) if photometric in _OTHER_PHOTOMETRIC else "(unknown value)"
+        raise UnsupportedDicom(f"photometric interpretation {shown} is not supported")
+    if allocated in (1, 64):
+        raise UnsupportedDicom(f"Bits Allocated {allocated} is not supported")
+    if allocated not in (8, 16, 32):
+        raise MalformedDicom(f"Bits Allocated {allocated} is not 8, 16 or 32")
+    if not 1 <= stored <= allocated:
+        raise MalformedDicom(f"Bits Stored {stored} is not within 1..{allocated}")
+    if representation not in (0, 1):
+        raise MalformedDicom(f"Pixel Representation {representation} is not 0 or 1")
+    if not (1 <= rows <= 65535 and 1 <= columns <= 65535):
+        raise MalformedDicom(f"an image of {rows} x {columns} pixels")
+    if frames < 1:
+        raise MalformedDicom(f"Number of Frames {frames} is below 1")
+    planar = _int(ds, "PlanarConfiguration", has_dicm) if samples == 3 else 0
+    if planar not in (0, 1):
+        raise MalformedDicom(f"Planar Configuration {planar} is not 0 or 1")
+    signed, is_planar = representation == 1, planar == 1
+    pixel = PixelFormat(rows, columns, frames, samples, allocated, stored, signed, is_planar)
+    return pixel, photometric
+
+
+def _modality_rescale(
+    ds: Dataset, frames: int
+) -> tuple[tuple[float, ...], tuple[float, ...], bool]:
+    """(slopes, intercepts, rescale): per frame from functional groups, else pydicom's rule.
+
+    A frame's own Pixel Value Transformation wins over the shared one; without
+    functional groups, Rescale Slope and Intercept apply when both are present.
+    """
+    if ds.get("ModalityLUTSequence"):
+        raise UnsupportedDicom("Modality LUT Sequence is not supported")
+    shared_groups = ds.get("SharedFunctionalGroupsSequence")
+    shared = _transformation(shared_groups[0]) if shared_groups else None
+    own = [_transformation(group) for group in ds.get("PerFrameFunctionalGroupsSequence") or []]
+    if any(item is not None for item in own):
+        if len(own) != frames:
+            raise MalformedDicom(f"{len(own)} per-frame functional groups for {frames} frames")
+        pairs = []
+        for index, item in enumerate(own):
+            if (chosen := item if item is not None else shared) is None:
+                raise MalformedDicom(f"frame {index} has no Pixel Value Transformation")
+            pairs.append(_slope_intercept(chosen))
+        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), True
+    if shared is not None:
+        slope, intercept = _slope_intercept(shared)
+        return (slope,), (intercept,), True
+    if "RescaleSlope" in ds and "RescaleIntercept" in ds:
+        slope, intercept = _slope_intercept(ds)
+        return (slope,), (intercept,), True
+    return (1.0,), (0.0,), False
+
+
+def _transformation(group: Dataset) -> Dataset | None:
+    sequence = group.get("PixelValueTransformationSequence")
+    return sequence[0] if sequence else None
+
+
+def _slope_intercept(item: Dataset) -> tuple[float, float]:
+    return _number(item, "RescaleSlope"), _number(item, "RescaleIntercept")
+
+
+def _number(item: Dataset, keyword: str) -> float:
+    value = item.get(keyword)
+    if value is None or value == "":
+        raise MalformedDicom(f"{keyword} is missing or empty")
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise MalformedDicom(f"{keyword} is not a single number")
+    if not math.isfinite(number := float(value)):
+        raise MalformedDicom(f"{keyword} is not finite")
+    return number
+
+
+def _text(ds: Dataset, keyword: str) -> str | None:
+    value = ds.get(keyword)
+    return (str(value) or None) if isinstance(value, str) else None

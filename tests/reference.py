@@ -1,0 +1,86 @@
+"""The output contract (DESIGN.md 3.4) computed the plain way, with pydicom and NumPy.
+
+Deliberately independent of ``ingest``: it reads the whole object with
+``dcmread``, takes pydicom 3's ``pixel_array`` with its default options (which
+mask or sign-extend the unused high bits), applies the Modality LUT rescale
+(per frame from the functional groups where the object has them, otherwise
+pydicom's ``apply_modality_lut``), then the optional window, then the cast.
+"""
+
+from __future__ import annotations
+
+import warnings
+from io import BytesIO
+
+import numpy as np
+from pydicom import dcmread
+from pydicom.dataset import Dataset
+from pydicom.pixels import apply_modality_lut
+from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
+
+__all__ = ["frame_rescale", "reference_array"]
+
+
+def frame_rescale(ds: Dataset) -> list[tuple[float, float]] | None:
+    """(slope, intercept) per frame from the functional groups, or None when they have none.
+
+    A frame's own Pixel Value Transformation wins over the shared one; with only
+    a shared one, every frame gets it.
+    """
+    shared_groups = ds.get("SharedFunctionalGroupsSequence") or []
+    shared = None
+    if shared_groups and shared_groups[0].get("PixelValueTransformationSequence"):
+        shared = shared_groups[0].PixelValueTransformationSequence[0]
+    own = [
+        group.PixelValueTransformationSequence[0]
+        if group.get("PixelValueTransformationSequence")
+        else None
+        for group in ds.get("PerFrameFunctionalGroupsSequence") or []
+    ]
+    if any(item is not None for item in own):
+        items = [item if item is not None else shared for item in own]
+    elif shared is not None:
+        frames = int(ds.get("NumberOfFrames") or 1)
+        items = [shared] * frames
+    else:
+        return None
+    return [(float(item.RescaleSlope), float(item.RescaleIntercept)) for item in items]
+
+
+def reference_array(
+    data: bytes, window: tuple[float, float] | None, out_dtype: str
+) -> np.ndarray:
+    """The array the worker must write for the object ``data``.
+
+    Shape (frames, rows, columns) or (frames, rows, columns, samples).
+    """
+    with warnings.catch_warnings():
+        # pydicom warns about odd-but-readable objects (excess padding ...)
+        warnings.simplefilter("ignore")
+        ds = dcmread(BytesIO(data))
+        if not ds.file_meta.get("TransferSyntaxUID"):
+            # no file meta: pydicom reads the data set but cannot decode without one
+            implicit = ds.original_encoding[0]
+            ds.file_meta.TransferSyntaxUID = (
+                ImplicitVRLittleEndian if implicit else ExplicitVRLittleEndian
+            )
+        arr = ds.pixel_array
+    samples = int(ds.SamplesPerPixel)
+    shape = (-1, int(ds.Rows), int(ds.Columns)) + ((samples,) if samples > 1 else ())
+    arr = arr.reshape(shape)
+
+    values: np.ndarray
+    per_frame = frame_rescale(ds)
+    if per_frame is not None:
+        values = np.empty(arr.shape, dtype=np.float64)
+        for index, (slope, intercept) in enumerate(per_frame):
+            values[index] = arr[index].astype(np.float64) * slope
+            values[index] += intercept
+    else:
+        values = apply_modality_lut(arr, ds)
+
+    if window is not None:
+        center, width = window
+        x = values.astype(np.float64)
+        values = np.clip((x - (center - 0.5)) / (width - 1) + 0.5, 0.0, 1.0)
+    return values.astype(out_dtype)
