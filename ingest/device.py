@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from gpu.thread import ChunkJob, ChunkResult, DeviceThread
 
+from gpu.thread import ChunkJob, ChunkResult, DeviceThread
 from ingest.errors import ProcessingError
 from ingest.settings import Settings
 
@@ -58,7 +58,7 @@ class DeviceStage:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Gather and dispatch batches until cancelled."""
-        async with anyio.create_task_group() as group, self._receive:
+        async with self._send, self._receive, anyio.create_task_group() as group:
             task_status.started()
             async for first in self._receive:
                 batch = [first]

@@ -26,7 +26,6 @@ from typing import Final
 
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
-from pydicom.errors import InvalidDicomError
 from pydicom.filereader import dcmread, read_dataset
 from pydicom.uid import UID
 
@@ -46,8 +45,8 @@ _ROWS_TAG: Final = 0x00280010
 _IMAGE_KEYWORDS: Final = "SamplesPerPixel Rows Columns BitsAllocated BitsStored PixelRepresentation"
 _UID_RE: Final = re.compile(r"[0-9.]{1,64}")
 _OTHER_PHOTOMETRIC: Final = frozenset(
-    "PALETTE_COLOR YBR_FULL YBR_FULL_422 YBR_PARTIAL_422 YBR_PARTIAL_420 YBR_ICT YBR_RCT "
-    "HSV ARGB CMYK XYB".replace("_COLOR", " COLOR").split(" ")
+    {"PALETTE COLOR", "YBR_FULL", "YBR_FULL_422", "YBR_PARTIAL_422", "YBR_PARTIAL_420"}
+    | {"YBR_ICT", "YBR_RCT", "HSV", "ARGB", "CMYK", "XYB"}
 )
 
 # warnings.catch_warnings() swaps process-wide state: two threads nesting it out
@@ -125,6 +124,7 @@ class _Step:
     """What the parse is doing, for error messages; never holds element values."""
 
     now = "checking the preamble"
+    truncated = False  # a read ran past the end of a complete object
 
 
 def parse_header(
@@ -165,13 +165,13 @@ def parse_header(
             return NeedMoreBytes(at_least=min(want, max_header_bytes, object_size))
         except (LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom):
             raise
-        except InvalidDicomError as exc:
-            raise NotDicom(f"not DICOM ({step.now})") from exc
         except RecursionError as exc:
             raise MalformedDicom(f"sequences nested too deeply ({step.now})") from exc
         except MemoryError as exc:
             raise LimitExceeded(f"out of memory {step.now}") from exc
         except Exception as exc:
+            if step.truncated and has_dicm:
+                raise MalformedDicom(f"truncated: the object ends while {step.now}") from exc
             kind = MalformedDicom if has_dicm else NotDicom
             raise kind(f"unreadable header: {step.now} failed ({type(exc).__name__})") from exc
         finally:
@@ -198,6 +198,7 @@ def _parse(
     except Exception:
         if not complete and src.hit_end:
             raise _Short() from None
+        step.truncated = src.hit_end
         raise
     pos = src.tell()
     tag = data[pos : pos + 4]

@@ -315,6 +315,7 @@ async def _ordered_reads(
             finally:
                 group.cancel_scope.cancel()
     finally:
+        send.close()
         receive.close()
         for read in reads:
             if not read.taken:

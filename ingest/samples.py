@@ -16,7 +16,7 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final, overload
@@ -146,12 +146,9 @@ def _image_pixel(ds: Dataset, rows: int, columns: int, bits: tuple[int, int], si
     ds.PixelRepresentation = int(signed)
 
 
-def _write(fp: BinaryIO, ds: Dataset, frames: Sequence[bytes] | None = None) -> None:
-    """Write ``ds`` (explicit VR LE), then a Pixel Data element made of ``frames``."""
+def _write(fp: BinaryIO, ds: Dataset, frames: Iterable[bytes], total: int) -> None:
+    """Write ``ds`` (explicit VR LE), then a Pixel Data element of ``total`` bytes of frames."""
     dcmwrite(fp, ds, enforce_file_format=True)
-    if frames is None:
-        return
-    total = sum(len(frame) for frame in frames)
     vr = b"OB" if ds.BitsAllocated == 8 else b"OW"
     fp.write(struct.pack("<HH2sHI", 0x7FE0, 0x0010, vr, 0, total + total % 2))
     for frame in frames:
@@ -209,7 +206,7 @@ def synthetic_ct_series(
         hu = _ct_phantom(rows, columns, index / max(count - 1, 1), rng)
         stored = np.clip(np.rint(hu) + 1024, -2048, 2047).astype("<i2")
         buffer = io.BytesIO()
-        _write(buffer, ds, [stored.tobytes()])
+        _write(buffer, ds, [stored.tobytes()], stored.nbytes)
         out.append((f"ct-series/slice-{index + 1:04d}.dcm", buffer.getvalue()))
     return out
 
@@ -329,25 +326,15 @@ def synthetic_multiframe(
     base = (np.arange(rows, dtype=np.int64)[:, None] * 7) + (
         np.arange(columns, dtype=np.int64)[None, :] * 3
     )
-    frame_length = rows * columns * bits_allocated // 8
-    total = frames * frame_length
-
-    def emit(fp: BinaryIO) -> None:
-        dcmwrite(fp, ds, enforce_file_format=True)
-        vr = b"OB" if bits_allocated == 8 else b"OW"
-        fp.write(struct.pack("<HH2sHI", 0x7FE0, 0x0010, vr, 0, total + total % 2))
-        for index in range(frames):
-            fp.write(_frame_bytes(index, base, bits, signed))
-        if total % 2:
-            fp.write(b"\0")
-
+    total = frames * rows * columns * bits_allocated // 8
+    pixels = (_frame_bytes(index, base, bits, signed) for index in range(frames))
     if path is None:
         buffer = io.BytesIO()
-        emit(buffer)
+        _write(buffer, ds, pixels, total)
         return buffer.getvalue()
     target = Path(path)
     with target.open("wb") as fp:
-        emit(fp)
+        _write(fp, ds, pixels, total)
     return target
 
 
@@ -373,7 +360,7 @@ def synthetic_rgb(frames: int, rows: int, columns: int, planar: bool = False) ->
     if planar:
         pixels = pixels.transpose(0, 3, 1, 2)
     buffer = io.BytesIO()
-    _write(buffer, ds, [np.ascontiguousarray(pixels).tobytes()])
+    _write(buffer, ds, [np.ascontiguousarray(pixels).tobytes()], pixels.nbytes)
     return buffer.getvalue()
 
 

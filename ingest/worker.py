@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +38,8 @@ import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from anyio.abc import TaskGroup, TaskStatus
-from gpu.thread import DeviceThread
 
+from gpu.thread import DeviceThread
 from ingest.audit import AuditEvent, AuditTrail
 from ingest.device import DeviceStage
 from ingest.errors import BrokerError, IngestError, NotificationError, ProcessingError
@@ -54,6 +54,7 @@ from ingest.settings import Settings
 from ingest.sink import OutputSink
 
 log = structlog.get_logger("dicom_ingest.worker")
+CLOSE_TIMEOUT_S = 10.0
 
 
 def key_digest(key: str) -> str:
@@ -148,14 +149,16 @@ class Worker:
     ) -> None:
         s = self.settings
         async with AsyncExitStack() as stack:
-            source = await stack.enter_async_context(S3Source(s))
+            source = S3Source(s)
+            await source.__aenter__()
+            stack.push_async_callback(_close, source.aclose)
             self._producer = make_producer(s)
             await self._producer.start()
-            stack.push_async_callback(self._producer.stop)
+            stack.push_async_callback(_close, self._producer.stop)
             self._publisher = Publisher(self._producer, s)
             self._consumer = make_consumer(s, listener=_Rebalance(self))
             await self._consumer.start()
-            stack.push_async_callback(self._consumer.stop)  # leaves the group
+            stack.push_async_callback(_close, self._consumer.stop)  # leaves the group
             stage = DeviceStage(thread, s)
             fetch_limit = anyio.CapacityLimiter(s.fetch_concurrency)
             self._ctx = Context(s, source, OutputSink(source.client, s), ring, stage, fetch_limit)
@@ -262,6 +265,8 @@ class Worker:
                 "dead-lettered",
                 reason=error.reason,
                 error=type(error).__name__,
+                detail=str(error),
+                attempts=error.attempts,
                 key=key_digest(ref.key) if ref else None,
             )
             self._report(Outcome(ref, None, error))
@@ -328,6 +333,16 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         log.info("partitions assigned", partitions=sorted(tp.partition for tp in assigned))
+
+
+async def _close(aclose: Callable[[], Awaitable[None]]) -> None:
+    """Close a client even when the worker is being cancelled, within a bound.
+
+    Without the shield a cancelled worker would leave its consumer's heartbeat
+    running: a zombie member that stalls the group's next rebalance.
+    """
+    with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+        await aclose()
 
 
 def _stats_dict(stats: WorkerStats) -> dict[str, int]:

@@ -15,7 +15,7 @@ from io import BytesIO
 import numpy as np
 from pydicom import dcmread
 from pydicom.dataset import Dataset
-from pydicom.pixels import apply_modality_lut
+from pydicom.pixels.processing import apply_modality_lut
 from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
 
 __all__ = ["frame_rescale", "reference_array"]
@@ -40,16 +40,18 @@ def frame_rescale(ds: Dataset) -> list[tuple[float, float]] | None:
     if any(item is not None for item in own):
         items = [item if item is not None else shared for item in own]
     elif shared is not None:
-        frames = int(ds.get("NumberOfFrames") or 1)
-        items = [shared] * frames
+        items = [shared] * int(ds.get("NumberOfFrames") or 1)
     else:
         return None
-    return [(float(item.RescaleSlope), float(item.RescaleIntercept)) for item in items]
+    pairs = []
+    for item in items:
+        if item is None:
+            raise ValueError("a frame has no Pixel Value Transformation")
+        pairs.append((float(item.RescaleSlope), float(item.RescaleIntercept)))
+    return pairs
 
 
-def reference_array(
-    data: bytes, window: tuple[float, float] | None, out_dtype: str
-) -> np.ndarray:
+def reference_array(data: bytes, window: tuple[float, float] | None, out_dtype: str) -> np.ndarray:
     """The array the worker must write for the object ``data``.
 
     Shape (frames, rows, columns) or (frames, rows, columns, samples).
@@ -57,7 +59,7 @@ def reference_array(
     with warnings.catch_warnings():
         # pydicom warns about odd-but-readable objects (excess padding ...)
         warnings.simplefilter("ignore")
-        ds = dcmread(BytesIO(data))
+        ds = dcmread(BytesIO(data), force=True)  # force: objects without file meta
         if not ds.file_meta.get("TransferSyntaxUID"):
             # no file meta: pydicom reads the data set but cannot decode without one
             implicit = ds.original_encoding[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,15 +29,17 @@ def test_http_range_is_inclusive() -> None:
 def test_first_read_small_and_large() -> None:
     assert first_read(500_000, 8 * MiB) == ByteRange(0, 500_000)
     probe = first_read(100 * MiB, 8 * MiB)
-    assert probe.start == 0 and probe.length < 8 * MiB
+    assert probe.start == 0
+    assert probe.length < 8 * MiB
 
 
 @given(st.integers(0, 10**7), st.integers(1, 10**7), st.integers(10**3, 10**6))
 @settings(max_examples=200, deadline=None)
 def test_split_range_covers_exactly(start: int, length: int, part: int) -> None:
     ranges = split_range(start, start + length, part)
-    assert ranges[0].start == start and ranges[-1].end == start + length
-    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:], strict=False))
+    assert ranges[0].start == start
+    assert ranges[-1].end == start + length
+    assert all(a.end == b.start for a, b in itertools.pairwise(ranges))
     assert all(0 < r.length <= part for r in ranges)
 
 

@@ -1,0 +1,185 @@
+"""Helpers for tests that run the real worker against the real broker and S3 server."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote_plus
+
+import anyio
+import numpy as np
+from aiobotocore.session import get_session
+from aiokafka import AIOKafkaProducer
+
+from ingest.kafka import read_topic
+from ingest.settings import Settings, load_settings
+from ingest.stack import Stack, create_topics
+from ingest.worker import Outcome, Worker
+
+AUDIT_KEY = bytes(range(32))
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    source_bucket: str
+    output_bucket: str
+    source_topic: str
+    results_topic: str
+    dlq_topic: str
+    audit_topic: str
+    group: str
+
+
+def make_names(token: str) -> Names:
+    return Names(
+        source_bucket=f"b-{token}-src",
+        output_bucket=f"b-{token}-out",
+        source_topic=f"t-{token}-events",
+        results_topic=f"t-{token}-results",
+        dlq_topic=f"t-{token}-dlq",
+        audit_topic=f"t-{token}-audit",
+        group=f"g-{token}",
+    )
+
+
+def prepare(stack: Stack, names: Names, partitions: int = 1) -> None:
+    stack.s3.create_bucket(names.source_bucket)
+    stack.s3.create_bucket(names.output_bucket)
+    create_topics(stack.kafka.bootstrap, [names.source_topic], partitions=partitions)
+    create_topics(stack.kafka.bootstrap, [names.results_topic, names.dlq_topic, names.audit_topic])
+
+
+def make_settings(stack: Stack, names: Names, **overrides: str) -> Settings:
+    env = {
+        **stack.endpoints.environment(),
+        "DICOM_INGEST_OUTPUT_URL": f"s3://{names.output_bucket}/out/",
+        "DICOM_INGEST_AUDIT_KEY": base64.b64encode(AUDIT_KEY).decode(),
+        "DICOM_INGEST_SOURCE_TOPIC": names.source_topic,
+        "DICOM_INGEST_RESULTS_TOPIC": names.results_topic,
+        "DICOM_INGEST_DLQ_TOPIC": names.dlq_topic,
+        "DICOM_INGEST_AUDIT_TOPIC": names.audit_topic,
+        "DICOM_INGEST_GROUP_ID": names.group,
+        "DICOM_INGEST_DEVICE": "cpu",
+        "DICOM_INGEST_SESSION_TIMEOUT_MS": "2000",
+        "DICOM_INGEST_HEARTBEAT_INTERVAL_MS": "200",
+        "DICOM_INGEST_PART_SIZE": str(64 * 1024),
+        "DICOM_INGEST_RING_SLOTS": "16",
+        "DICOM_INGEST_MAX_ATTEMPTS": "3",
+        "DICOM_INGEST_RETRY_MAX_WAIT_S": "0.2",
+    }
+    env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in overrides.items()})
+    return load_settings(env)
+
+
+def s3_client(stack: Stack) -> Any:
+    creds = stack.endpoints.credentials
+    return get_session().create_client(
+        "s3",
+        endpoint_url=stack.s3.endpoint_url,
+        aws_access_key_id=creds.access_key,
+        aws_secret_access_key=creds.secret_key,
+        region_name=creds.region,
+    )
+
+
+async def upload(stack: Stack, bucket: str, objects: Iterable[tuple[str, bytes]]) -> None:
+    async with s3_client(stack) as s3:
+        for key, body in objects:
+            await s3.put_object(Bucket=bucket, Key=key, Body=body)
+
+
+async def get_object(stack: Stack, bucket: str, key: str) -> bytes:
+    async with s3_client(stack) as s3:
+        resp = await s3.get_object(Bucket=bucket, Key=key)
+        async with resp["Body"] as body:
+            data: bytes = await body.read()
+            return data
+
+
+def load_npy(data: bytes) -> np.ndarray:
+    array: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
+    return array
+
+
+def aws_notification(bucket: str, keys: Iterable[str]) -> bytes:
+    records = [
+        {
+            "eventVersion": "2.1",
+            "eventSource": "aws:s3",
+            "eventName": "ObjectCreated:Put",
+            "eventTime": "2026-11-21T00:00:00.000Z",
+            "s3": {"bucket": {"name": bucket}, "object": {"key": quote_plus(key)}},
+        }
+        for key in keys
+    ]
+    return json.dumps({"Records": records}).encode()
+
+
+async def publish(stack: Stack, topic: str, messages: Iterable[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka.bootstrap, acks="all")
+    await producer.start()
+    try:
+        for message in messages:
+            await producer.send_and_wait(topic, message)
+    finally:
+        await producer.stop()
+
+
+async def read_json_topic(stack: Stack, topic: str) -> list[dict[str, Any]]:
+    return [json.loads(v) for v in await read_topic(stack.kafka.bootstrap, topic)]
+
+
+@dataclass(slots=True)
+class Run:
+    outcomes: list[Outcome] = field(default_factory=list)
+
+
+async def run_worker(settings: Settings, stop_after: int, *, graceful: bool = True) -> Run:
+    """Run a worker until ``stop_after`` outcomes, then stop it (gracefully, or by cancelling).
+
+    The caller bounds the time (the tests' per-test timeout, or ``anyio.fail_after``).
+    """
+    run = Run()
+    worker: Worker
+    done = anyio.Event()
+
+    def on_outcome(outcome: Outcome) -> None:
+        run.outcomes.append(outcome)
+        if len(run.outcomes) >= stop_after:
+            done.set()
+
+    worker = Worker(settings, on_outcome)
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        await done.wait()
+        if graceful:
+            worker.stop()
+        else:
+            group.cancel_scope.cancel()  # a crash: no drain, no final commit
+    return run
+
+
+def keys_of(outcomes: Iterable[Outcome]) -> list[str]:
+    return [o.ref.key for o in outcomes if o.ref is not None]
+
+
+def by_key(documents: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    return {d["source"]["key"]: d for d in documents}
+
+
+def load_json(data: bytes) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(data)
+    return document
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def read_topic_raw(stack: Stack, topic: str) -> list[bytes]:
+    return await read_topic(stack.kafka.bootstrap, topic)

@@ -1,0 +1,144 @@
+"""ingest.samples: the objects parse with pydicom and are what they promise."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from io import BytesIO
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydicom import dcmread
+from pydicom.dataset import FileDataset
+
+from ingest import samples
+from ingest.errors import NotDicom, UnsupportedDicom
+
+
+def read(data: bytes) -> FileDataset:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydicom's remarks on odd-but-valid test files
+        return dcmread(BytesIO(data))
+
+
+def test_pydicom_examples() -> None:
+    examples = dict(samples.pydicom_examples())
+    assert set(examples) == {*samples.EXAMPLES_SUPPORTED, *samples.EXAMPLES_DEAD_LETTERED}
+    for name in samples.EXAMPLES_SUPPORTED:
+        ds = read(examples[name])
+        assert ds.file_meta.TransferSyntaxUID in ("1.2.840.10008.1.2", "1.2.840.10008.1.2.1")
+        assert "PixelData" in ds
+    for name in samples.EXAMPLES_DEAD_LETTERED:
+        assert read(examples[name]).file_meta.TransferSyntaxUID.is_compressed
+    assert [n for n, _ in samples.pydicom_examples(dead_lettered=False)] == list(
+        samples.EXAMPLES_SUPPORTED
+    )
+    with pytest.raises(FileNotFoundError):
+        samples.example_bytes("no-such-file.dcm")
+
+
+def test_ct_series() -> None:
+    series = samples.synthetic_ct_series(3, rows=64, columns=80, seed=7)
+    assert [name for name, _ in series] == [f"ct-series/slice-000{i}.dcm" for i in (1, 2, 3)]
+    datasets = [read(data) for _, data in series]
+    assert len({ds.StudyInstanceUID for ds in datasets}) == 1
+    assert len({ds.SeriesInstanceUID for ds in datasets}) == 1
+    assert len({ds.SOPInstanceUID for ds in datasets}) == 3
+    for index, ds in enumerate(datasets):
+        assert ds.SOPClassUID == "1.2.840.10008.5.1.4.1.1.2"
+        assert ds.file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.1"
+        assert (ds.BitsAllocated, ds.BitsStored, ds.PixelRepresentation) == (16, 12, 1)
+        assert (ds.RescaleSlope, ds.RescaleIntercept, ds.InstanceNumber) == (1, -1024, index + 1)
+        hu = ds.pixel_array.astype(np.int32) - 1024
+        assert hu.shape == (64, 80)
+        assert hu.min() == -3024  # outside the reconstruction circle
+        assert -1100 < np.median(hu) < 100
+        assert hu.max() > 500
+    assert samples.synthetic_ct_series(3, rows=64, columns=80, seed=7) == series
+    assert samples.synthetic_ct_series(1, rows=64, columns=80, seed=8)[0] != series[0]
+    (_, full), *_ = samples.synthetic_ct_series(1)
+    assert 512 * 512 * 2 < len(full) < 512 * 512 * 2 + 4096
+
+
+@pytest.mark.parametrize(
+    ("bits", "signed"), [((8, 8), False), ((8, 6), True), ((16, 12), False), ((32, 24), True)]
+)
+def test_multiframe_values(bits: tuple[int, int], signed: bool) -> None:
+    allocated, stored = bits
+    data = samples.synthetic_multiframe(
+        5, 6, 7, bits_allocated=allocated, bits_stored=stored, signed=signed
+    )
+    ds = read(data)
+    assert (ds.NumberOfFrames, ds.Rows, ds.Columns) == (5, 6, 7)
+    assert (ds.BitsAllocated, ds.BitsStored, ds.PixelRepresentation) == (*bits, int(signed))
+    decoded = ds.pixel_array
+    assert decoded.shape == (5, 6, 7)
+    f, r, c = np.ogrid[0:5, 0:6, 0:7]
+    span = 1 << stored
+    expected = ((7 * r + 3 * c + 31 * f) * max(1, span // 509)) % span - (span // 2) * signed
+    np.testing.assert_array_equal(decoded, expected)
+    raw = np.frombuffer(ds.PixelData, f"<u{allocated // 8}")
+    assert bool(np.any(raw >> stored)) == (stored < allocated)  # garbage in the unused bits
+    groups = ds.PerFrameFunctionalGroupsSequence
+    assert len(groups) == 5
+    slopes = [float(g.PixelValueTransformationSequence[0].RescaleSlope) for g in groups]
+    assert slopes == [0.5, 0.75, 1.0, 1.25, 0.5]
+
+
+def test_multiframe_shared_rescale_and_file(tmp_path: Path) -> None:
+    data = samples.synthetic_multiframe(3, 4, 5, per_frame_rescale=False)
+    ds = read(data)
+    shared = ds.SharedFunctionalGroupsSequence[0].PixelValueTransformationSequence[0]
+    assert (shared.RescaleSlope, shared.RescaleIntercept) == (0.5, -100)
+    assert all(
+        "PixelValueTransformationSequence" not in g for g in ds.PerFrameFunctionalGroupsSequence
+    )
+    path = samples.synthetic_multiframe(3, 4, 5, per_frame_rescale=False, path=tmp_path / "mf.dcm")
+    assert path.read_bytes() == data
+    odd = samples.synthetic_multiframe(1, 3, 3, bits_allocated=8)
+    assert len(read(odd).PixelData) == 10  # 9 bytes and the pad
+    with pytest.raises(ValueError, match="4 GiB"):
+        samples.synthetic_multiframe(20_000, 512, 512, path=tmp_path / "never.dcm")
+    assert not (tmp_path / "never.dcm").exists()
+    with pytest.raises(ValueError, match="bits_stored"):
+        samples.synthetic_multiframe(1, 2, 2, bits_stored=17)
+
+
+def test_rgb_planar_layouts_decode_the_same() -> None:
+    interleaved = read(samples.synthetic_rgb(2, 3, 5))
+    planar = read(samples.synthetic_rgb(2, 3, 5, planar=True))
+    assert (interleaved.PlanarConfiguration, planar.PlanarConfiguration) == (0, 1)
+    assert interleaved.SOPClassUID == "1.2.840.10008.5.1.4.1.1.7.4"
+    assert interleaved.pixel_array.shape == (2, 3, 5, 3)
+    np.testing.assert_array_equal(interleaved.pixel_array, planar.pixel_array)
+    assert interleaved.PixelData != planar.PixelData
+    single = read(samples.synthetic_rgb(1, 3, 3))
+    assert single.pixel_array.shape == (3, 3, 3)
+    assert len(single.PixelData) == 28
+
+
+def test_not_dicom() -> None:
+    name, data = samples.not_dicom()
+    assert name.endswith(".png")
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert b"DICM" not in data
+
+
+def test_demo_objects(tmp_path: Path) -> None:
+    objects = samples.demo_objects(tmp_path, ct_slices=2, multiframe_shape=(3, 16, 16))
+    keys = [o.key for o in objects]
+    assert len(keys) == len(set(keys)) == len(samples.pydicom_examples()) + 2 + 1 + 1
+    expect = {o.key: o.expect for o in objects}
+    assert expect["pydicom/CT_small.dcm"] == "ok"
+    assert expect["pydicom/JPEG2000.dcm"] == UnsupportedDicom.reason
+    assert expect["misc/not-dicom.png"] == NotDicom.reason
+    (big,) = [o for o in objects if o.key.startswith("multiframe/")]
+    assert isinstance(big.data, Path)
+    assert big.data.parent == tmp_path
+    assert big.size == big.data.stat().st_size == len(big.read())
+    assert read(big.read()).NumberOfFrames == 3
+    # the default multi-frame object is the >= 100 MB one the demo promises
+    default = inspect.signature(samples.demo_objects).parameters["multiframe_shape"].default
+    assert math.prod(default) * 2 >= 100_000_000
