@@ -180,7 +180,10 @@ async def _read_header(
             )
         parsed = await anyio.to_thread.run_sync(
             functools.partial(
-                parse_header, prefix, head.size, max_header_bytes=ctx.settings.max_header_bytes
+                parse_header,
+                memoryview(prefix),
+                head.size,
+                max_header_bytes=ctx.settings.max_header_bytes,
             )
         )
         if isinstance(parsed, DicomHeader):

