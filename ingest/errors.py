@@ -25,7 +25,8 @@ place each (``fetch.translate_s3_error``, ``dicom.parse_header``), always with
     ├── LimitExceeded                the input asks for more than our bounds allow
     ├── ProcessingError              the GPU/CPU preprocessing stage failed
     ├── SinkError                    writing outputs / results        (retriable)
-    └── BrokerError                  Kafka produce/commit failed      (retriable)
+    └── BrokerError                  Kafka unreachable, timing out    (retriable)
+        └── BrokerRejected           Kafka refused for good (size, authorization)
 """
 
 from __future__ import annotations
@@ -138,3 +139,10 @@ class BrokerError(IngestError):
 
     retriable = True
     reason = "broker"
+
+
+class BrokerRejected(BrokerError):
+    """The broker answered with a non-retriable error (message too large, not authorized)."""
+
+    retriable = False
+    reason = "broker_rejected"

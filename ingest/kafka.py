@@ -3,7 +3,9 @@
 aiokafka exceptions are translated into ``BrokerError`` here and nowhere else.
 Produces are acknowledged by all in-sync replicas (``acks="all"``) and awaited,
 because an offset may be committed only once what its record caused is
-durable. Auto-commit is off: ``worker.py`` commits through ``OffsetTracker``.
+durable. A broker outage is waited out (retried until shutdown) rather than
+turned into lost work; only a broker's definite refusal ends a send.
+Auto-commit is off: ``worker.py`` commits through ``OffsetTracker``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from typing import Any
 
 import anyio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NodeNotReadyError
 from aiokafka.structs import OffsetAndMetadata
 
-from ingest.errors import BrokerError
+from ingest.errors import BrokerError, BrokerRejected
 from ingest.offsets import Partition
 from ingest.retry import with_retries
 from ingest.settings import Settings
@@ -54,6 +56,15 @@ def make_producer(settings: Settings) -> AIOKafkaProducer:
     )
 
 
+def translate_kafka_error(exc: KafkaError, what: str) -> BrokerError:
+    """aiokafka's own ``retriable`` flag decides; timeouts and lost connections are retriable."""
+    retriable = getattr(exc, "retriable", False) or isinstance(
+        exc, KafkaTimeoutError | KafkaConnectionError | NodeNotReadyError
+    )
+    kind = BrokerError if retriable else BrokerRejected
+    return kind(f"{what}: {type(exc).__name__}: {exc}")
+
+
 def encode_json(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
@@ -76,10 +87,9 @@ class Publisher:
             try:
                 await self._producer.send_and_wait(topic, value, key=key)
             except KafkaError as exc:
-                error = BrokerError(f"produce to {topic}: {type(exc).__name__}: {exc}")
-                raise error from exc
+                raise translate_kafka_error(exc, f"produce to {topic}") from exc
 
-        await with_retries(self._settings, call)
+        await with_retries(self._settings, call, forever=True)
 
     async def enqueue(self, topic: str, value: bytes, key: bytes | None) -> asyncio.Future[Any]:
         """Hand a message to the producer without waiting for the broker; keeps send order.
@@ -90,7 +100,7 @@ class Publisher:
         try:
             delivery: asyncio.Future[Any] = await self._producer.send(topic, value, key=key)
         except KafkaError as exc:
-            raise BrokerError(f"produce to {topic}: {type(exc).__name__}: {exc}") from exc
+            raise translate_kafka_error(exc, f"produce to {topic}") from exc
         return delivery
 
     async def confirm(
@@ -120,7 +130,7 @@ async def commit(consumer: AIOKafkaConsumer, offsets: Mapping[Partition, int]) -
             {TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in offsets.items()}
         )
     except KafkaError as exc:
-        raise BrokerError(f"commit: {type(exc).__name__}: {exc}") from exc
+        raise translate_kafka_error(exc, "commit") from exc
 
 
 async def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[bytes]:

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_never,
+    wait_random_exponential,
+)
 
 from ingest.errors import IngestError
 from ingest.settings import Settings
@@ -18,21 +24,30 @@ from ingest.settings import Settings
 T = TypeVar("T")
 
 
-def retry_policy(settings: Settings) -> AsyncRetrying:
-    """At most ``max_attempts`` tries; waits grow from ~50 ms, capped at ``retry_max_wait_s``."""
+def retry_policy(settings: Settings, *, forever: bool = False) -> AsyncRetrying:
+    """At most ``max_attempts`` tries (or until cancelled with ``forever``).
+
+    Waits grow from ~50 ms with full jitter, capped at ``retry_max_wait_s``.
+    """
     return AsyncRetrying(
         retry=retry_if_exception(lambda e: isinstance(e, IngestError) and e.retriable),
         wait=wait_random_exponential(multiplier=0.05, max=settings.retry_max_wait_s),
-        stop=stop_after_attempt(settings.max_attempts),
+        stop=stop_never if forever else stop_after_attempt(settings.max_attempts),
         reraise=True,
     )
 
 
-async def with_retries(settings: Settings, call: Callable[[], Awaitable[T]]) -> T:
-    """Run ``call`` under the policy; the error that ends it records the attempts made."""
+async def with_retries(
+    settings: Settings, call: Callable[[], Awaitable[T]], *, forever: bool = False
+) -> T:
+    """Run ``call`` under the policy; the error that ends it records the attempts made.
+
+    ``forever`` is for the broker: an outage is nobody's fault but the broker's,
+    so publishing waits it out (shutdown cancels the wait) instead of giving up.
+    """
     attempts = 0
     try:
-        async for attempt in retry_policy(settings):
+        async for attempt in retry_policy(settings, forever=forever):
             with attempt:
                 attempts += 1
                 return await call()

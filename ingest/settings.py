@@ -60,6 +60,7 @@ class Settings:
     stage_buffer: int = 16
     worker_id: str = ""
     health_port: int = 0
+    health_host: str = "0.0.0.0"  # probes come from outside the container
     # Consumer timing. Production defaults suit real Kafka (6 s minimum session).
     session_timeout_ms: int = 30_000
     heartbeat_interval_ms: int = 3_000
@@ -196,6 +197,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "stage_buffer": _parse_int("stage_buffer", 1, 4096),
     "worker_id": str,
     "health_port": _parse_int("health_port", 0, 65535),
+    "health_host": _parse_nonempty("health_host"),
     "session_timeout_ms": _parse_int("session_timeout_ms", 1000, 3_600_000),
     "heartbeat_interval_ms": _parse_int("heartbeat_interval_ms", 100, 3_600_000),
     "max_poll_interval_ms": _parse_int("max_poll_interval_ms", 1000, 86_400_000),

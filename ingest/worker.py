@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ from ingest.audit import AuditEvent, AuditTrail
 from ingest.device import DeviceStage
 from ingest.errors import BrokerError, IngestError, NotificationError, ProcessingError
 from ingest.fetch import S3Source
+from ingest.health import Health, probe, serve
 from ingest.kafka import Publisher, commit, make_consumer, make_producer
 from ingest.notifications import ObjectRef, RecentObjects, parse_notification
 from ingest.offsets import OffsetTracker, Partition
@@ -106,7 +108,10 @@ class Worker:
         self._changed = anyio.Event()
         self._intake_scope = anyio.CancelScope()
         self._work_scope = anyio.CancelScope()
-        self._permits = anyio.Semaphore(settings.max_objects_in_flight)
+        self._in_flight = 0  # object (and bad-record) tasks running
+        self._progress = anyio.Event()  # set whenever a task finishes
+        self.health = Health()
+        self.health_port: int | None = None
         self._consumer: Any = None
         self._producer: Any = None
         self._publisher: Publisher | None = None
@@ -114,6 +119,7 @@ class Worker:
 
     def stop(self) -> None:
         """Graceful stop: no new records; in-flight work gets the shutdown deadline."""
+        self.health.stopping = True
         self._intake_scope.cancel()
         self._work_scope.deadline = min(
             self._work_scope.deadline, anyio.current_time() + self.settings.shutdown_deadline_s
@@ -165,6 +171,11 @@ class Worker:
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
                 services.start_soon(self._commit_loop)
+                services.start_soon(probe, self.health, self._check_broker, self._check_s3)
+                if s.health_port:
+                    self.health_port = await services.start(
+                        serve, self.health, s.health_host, s.health_port
+                    )
                 log.info("worker started", backend=stage.backend, worker=s.worker_id)
                 task_status.started()
                 with self._work_scope:
@@ -177,20 +188,34 @@ class Worker:
         log.info("worker stopped", **_stats_dict(self.stats))
 
     async def _intake(self, objects: TaskGroup) -> None:
+        """Poll, parse, spawn; keep polling (paused) while every object slot is busy.
+
+        Polling never stops for long, however slow the objects are, so the
+        group does not evict us for exceeding ``max_poll_interval_ms``.
+        """
+        limit = self.settings.max_objects_in_flight
         while True:
+            free = limit - self._in_flight
+            assignment = self._consumer.assignment()
+            if free <= 0:
+                self._consumer.pause(*assignment)
+            elif self._consumer.paused():
+                self._consumer.resume(*self._consumer.paused())
             try:
                 batch = await self._consumer.getmany(
-                    timeout_ms=500, max_records=self.settings.max_objects_in_flight
+                    timeout_ms=100 if free <= 0 else 500, max_records=max(1, free)
                 )
             except KafkaError as exc:
                 log.warning("poll failed", error=type(exc).__name__)
+                self.health.broker_error = type(exc).__name__
                 await anyio.sleep(1.0)
                 continue
+            self.health.polled(len(assignment))
             for tp, records in batch.items():
                 for record in records:
-                    await self._take(objects, tp, record)
+                    self._take(objects, tp, record)
 
-    async def _take(self, objects: TaskGroup, tp: TopicPartition, record: Any) -> None:
+    def _take(self, objects: TaskGroup, tp: TopicPartition, record: Any) -> None:
         partition = (tp.topic, tp.partition)
         self._tracker.consumed(partition, record.offset)
         self.stats.records += 1
@@ -202,8 +227,7 @@ class Worker:
             note = parse_notification(record.value)
         except NotificationError as exc:
             progress.remaining = 1
-            await self._permits.acquire()
-            objects.start_soon(self._fail, progress, None, exc)
+            self._spawn(objects, self._fail(progress, None, exc))
             return
         self.stats.skipped_events += note.skipped
         fresh = []
@@ -218,62 +242,64 @@ class Worker:
         progress.remaining = len(fresh)
         for ref in fresh:
             self.stats.objects += 1
-            await self._permits.acquire()
-            objects.start_soon(self._object, progress, ref)
+            self._spawn(objects, self._object(progress, ref))
+
+    def _spawn(self, objects: TaskGroup, work: Coroutine[Any, Any, None]) -> None:
+        """Start one object task; intake pauses while ``max_objects_in_flight`` are running."""
+
+        async def run() -> None:
+            try:
+                await work
+            finally:
+                self._in_flight -= 1
+                self._progress.set()
+                self._progress = anyio.Event()
+
+        self._in_flight += 1
+        objects.start_soon(run)
 
     async def _object(self, progress: _RecordProgress, ref: ObjectRef) -> None:
         assert self._ctx is not None
         assert self._publisher is not None
         try:
-            try:
-                done = await process_object(self._ctx, ref)
-                document = sidecar(done, self.settings.window, self.settings.output_dtype)
-                await self._ctx.sink.put_json(done.sidecar_key, document)
-            except IngestError as exc:
-                await self._fail(progress, ref, exc, permit_held=False)
-                return
-            except Exception as exc:  # a bug must cost one object, not the worker
-                log.exception("internal error", key=key_digest(ref.key))
-                error = ProcessingError(f"internal error: {type(exc).__name__}")
-                await self._fail(progress, ref, error, permit_held=False)
-                return
-            await self._publisher.result(document, ref.key.encode())
-            await self._audit(success_event(done))
-            self.stats.processed += 1
-            log.info("processed", key=key_digest(ref.key), size=done.head.size)
-            self._report(Outcome(ref, done, None))
-            self._finish(progress)
-        finally:
-            self._permits.release()
+            done = await process_object(self._ctx, ref)
+            document = sidecar(done, self.settings.window, self.settings.output_dtype)
+            await self._ctx.sink.put_json(done.sidecar_key, document)
+        except IngestError as exc:
+            await self._fail(progress, ref, exc)
+            return
+        except Exception as exc:  # a bug must cost one object, not the worker
+            log.exception("internal error", key=key_digest(ref.key))
+            await self._fail(
+                progress, ref, ProcessingError(f"internal error: {type(exc).__name__}")
+            )
+            return
+        await self._publisher.result(document, ref.key.encode())
+        await self._audit(success_event(done))
+        self.stats.processed += 1
+        log.info("processed", key=key_digest(ref.key), size=done.head.size)
+        self._report(Outcome(ref, done, None))
+        self._finish(progress)
 
     async def _fail(
-        self,
-        progress: _RecordProgress,
-        ref: ObjectRef | None,
-        error: IngestError,
-        *,
-        permit_held: bool = True,
+        self, progress: _RecordProgress, ref: ObjectRef | None, error: IngestError
     ) -> None:
         """Dead-letter an object or a bad record, audit it, and mark it finished."""
         assert self._publisher is not None
-        try:
-            document = dead_letter(progress.summary, ref, error, self.settings.worker_id)
-            await self._publisher.dead_letter(document, ref.key.encode() if ref else None)
-            await self._audit(failure_event(ref, error))
-            self.stats.dead_lettered += 1
-            log.warning(
-                "dead-lettered",
-                reason=error.reason,
-                error=type(error).__name__,
-                detail=str(error),
-                attempts=error.attempts,
-                key=key_digest(ref.key) if ref else None,
-            )
-            self._report(Outcome(ref, None, error))
-            self._finish(progress)
-        finally:
-            if permit_held:
-                self._permits.release()
+        document = dead_letter(progress.summary, ref, error, self.settings.worker_id)
+        await self._publisher.dead_letter(document, ref.key.encode() if ref else None)
+        await self._audit(failure_event(ref, error))
+        self.stats.dead_lettered += 1
+        log.warning(
+            "dead-lettered",
+            reason=error.reason,
+            error=type(error).__name__,
+            detail=str(error),
+            attempts=error.attempts,
+            key=key_digest(ref.key) if ref else None,
+        )
+        self._report(Outcome(ref, None, error))
+        self._finish(progress)
 
     async def _audit(self, event: AuditEvent) -> None:
         """Seal and enqueue under a lock, then wait for the broker.
@@ -299,8 +325,10 @@ class Worker:
             self._changed.set()
 
     async def _commit_loop(self) -> None:
+        """Commit when offsets finish; retry each second while a commit is still owed."""
         while True:
-            await self._changed.wait()
+            with anyio.move_on_after(1.0 if self._tracker.to_commit() else math.inf):
+                await self._changed.wait()
             self._changed = anyio.Event()
             await self._commit_now()
             await anyio.sleep(0.05)  # coalesce bursts of finished offsets into one commit
@@ -319,9 +347,23 @@ class Worker:
         self.stats.commits += 1
 
     async def on_revoked(self, revoked: list[Partition]) -> None:
-        """Commit what is finished for partitions being taken away, then forget them."""
+        """Let in-flight work of partitions being taken away finish, commit it, forget them.
+
+        Bounded by the shutdown deadline: what has not finished by then is
+        redone by the partition's next owner (outputs are idempotent).
+        """
+        with anyio.move_on_after(self.settings.shutdown_deadline_s):
+            while any(self._tracker.in_flight(p) for p in revoked):
+                await self._progress.wait()
         await self._commit_now()
         self._tracker.revoke(revoked)
+
+    async def _check_broker(self) -> None:
+        await self._consumer.topics()  # a metadata round trip
+
+    async def _check_s3(self) -> None:
+        assert self._ctx is not None
+        await self._ctx.source.client.head_bucket(Bucket=self.settings.output_bucket)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

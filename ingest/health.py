@@ -1,0 +1,142 @@
+"""Health: what the worker knows of itself and its servers, as ``/healthz`` and ``/readyz``.
+
+``/healthz`` answers 200 while the process runs its event loop (liveness).
+``/readyz`` answers 200 only when the consumer is in its group and polling,
+the broker answered recently and S3 answered recently; otherwise 503 with the
+reasons, as JSON either way. A probe task checks the broker (metadata request)
+and S3 (``HeadBucket`` on the output bucket) every few seconds, so an outage
+shows while it lasts even when no object is in flight. The same state feeds
+the worker's log and the ``health()`` snapshot tests read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+from aiohttp import web
+from anyio.abc import TaskStatus
+
+log = structlog.get_logger("dicom_ingest.health")
+
+PROBE_INTERVAL_S = 2.0
+STALE_AFTER_S = 10.0
+
+
+@dataclass(slots=True)
+class Health:
+    """Timestamps (``time.monotonic``) of the last good and bad contact with each dependency."""
+
+    started: float = field(default_factory=time.monotonic)
+    last_poll: float | None = None
+    assigned: int = 0
+    in_group: bool = False
+    broker_ok: float | None = None
+    broker_error: str | None = None
+    s3_ok: float | None = None
+    s3_error: str | None = None
+    stopping: bool = False
+
+    def polled(self, assigned: int) -> None:
+        now = time.monotonic()
+        self.last_poll = now
+        self.assigned = assigned
+        self.in_group = True
+        self.broker_ok = now
+        self.broker_error = None
+
+    def problems(self, now: float | None = None) -> list[str]:
+        """Why the worker is not ready (empty when it is)."""
+        now = time.monotonic() if now is None else now
+        found = []
+        if self.stopping:
+            found.append("stopping")
+        if not self.in_group:
+            found.append("not in the consumer group yet")
+        if self.last_poll is None or now - self.last_poll > STALE_AFTER_S:
+            found.append("not polling")
+        if self.broker_error is not None:
+            found.append(f"broker unreachable: {self.broker_error}")
+        elif self.broker_ok is None or now - self.broker_ok > STALE_AFTER_S:
+            found.append("no recent answer from the broker")
+        if self.s3_error is not None:
+            found.append(f"S3 unreachable: {self.s3_error}")
+        elif self.s3_ok is None or now - self.s3_ok > STALE_AFTER_S:
+            found.append("no recent answer from S3")
+        return found
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        problems = self.problems(now)
+        return {
+            "ready": not problems,
+            "problems": problems,
+            "assigned_partitions": self.assigned,
+            "uptime_s": round(now - self.started, 3),
+        }
+
+
+async def probe(
+    health: Health,
+    check_broker: Callable[[], Awaitable[None]],
+    check_s3: Callable[[], Awaitable[None]],
+) -> None:
+    """Check both dependencies every ``PROBE_INTERVAL_S`` until cancelled."""
+    while True:
+        for name, check in (("broker", check_broker), ("s3", check_s3)):
+            try:
+                with anyio.fail_after(PROBE_INTERVAL_S * 2):
+                    await check()
+            except Exception as exc:
+                error = f"{type(exc).__name__}"
+                if getattr(health, f"{name}_error") is None:
+                    log.warning("dependency unreachable", dependency=name, error=error)
+                setattr(health, f"{name}_error", error)
+            else:
+                if getattr(health, f"{name}_error") is not None:
+                    log.info("dependency reachable again", dependency=name)
+                setattr(health, f"{name}_error", None)
+                setattr(health, f"{name}_ok", time.monotonic())
+        await anyio.sleep(PROBE_INTERVAL_S)
+
+
+async def serve(
+    health: Health,
+    host: str,
+    port: int,
+    *,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``/healthz`` and ``/readyz`` until cancelled; reports the bound port when started."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"alive": True})
+
+    async def readyz(_: web.Request) -> web.Response:
+        snapshot = health.snapshot()
+        return web.Response(
+            text=json.dumps(snapshot),
+            status=200 if snapshot["ready"] else 503,
+            content_type="application/json",
+        )
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        log.info("health endpoints up", host=host, port=bound)
+        task_status.started(bound)
+        await anyio.sleep_forever()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
