@@ -211,6 +211,8 @@ def _parse(
             raise NotDicom("no 'DICM' prefix and no Pixel Data: not a DICOM image")
         if data.find(_PIXEL_TAG, 132) != -1 or src.partial:
             raise MalformedDicom("truncated or inconsistent lengths: Pixel Data not reachable")
+        if _is_image(ds):  # an image whose Pixel Data was cut off
+            raise MalformedDicom("truncated: an image object without its Pixel Data")
         raise UnsupportedDicom("no Pixel Data")
 
     step.now = "reading the image elements"
@@ -271,8 +273,10 @@ def _meta_transfer_syntax(data: bytes, has_dicm: bool, complete: bool) -> str | 
         if not complete and src.hit_end:
             raise _Short() from None
         raise
-    if not complete and src.hit_end:
-        raise _Short()
+    if src.hit_end:
+        if not complete:
+            raise _Short()
+        raise MalformedDicom("truncated in the file meta information")
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -286,6 +290,15 @@ def _meta_transfer_syntax(data: bytes, has_dicm: bool, complete: bool) -> str | 
             "Implicit/Explicit VR Little Endian Pixel Data is processed"
         )
     return syntax
+
+
+def _is_image(ds: Dataset) -> bool:
+    """Image attributes, or an image storage SOP class (meta or data set), are present."""
+    if "Rows" in ds and "Columns" in ds:
+        return True
+    meta = getattr(ds, "file_meta", None)
+    sop = ds.get("SOPClassUID") or (meta.get("MediaStorageSOPClassUID") if meta else None)
+    return isinstance(sop, str) and "Image" in UID(sop).name
 
 
 def _implicit_vr(ds: Dataset, has_dicm: bool) -> bool:

@@ -190,8 +190,9 @@ async def _read_header(
             return parsed, prefix
         if length >= head.size:
             raise MalformedDicom("the header does not end inside the object")
-        next_length = min(head.size, max(parsed.at_least, length * 2))
-        if next_length > ctx.settings.max_header_bytes:
+        limit = ctx.settings.max_header_bytes
+        next_length = min(head.size, max(parsed.at_least, min(length * 2, limit)))
+        if next_length > limit:
             raise LimitExceeded(f"DICOM header larger than {ctx.settings.max_header_bytes} bytes")
         length = next_length
 
