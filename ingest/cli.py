@@ -1,4 +1,4 @@
-"""The ``dicom-ingest`` command line: worker, demo, stack, audit.
+"""The ``dicom-ingest`` command line: worker, demo, stack, bench, audit.
 
 Bad configuration ends with one line naming the variable and exit status 2;
 any other ``IngestError`` that stops a command ends with one line and status 1.
@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import structlog
@@ -51,10 +52,84 @@ def _parser() -> argparse.ArgumentParser:
     )
     stack.add_argument("--durable", action="store_true", help="broker stores its log in S3")
 
+    _bench_parser(commands)
+
     audit = commands.add_parser("audit", help="decrypt and verify the audit topic")
     audit.add_argument("--config", type=Path, help="TOML file with settings (env wins)")
     audit.add_argument("--print", action="store_true", help="print each decrypted record")
     return parser
+
+
+def _csv_ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+
+
+def _csv_names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _bench_parser(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench", help="benchmark: ours vs curl, threads, KvikIO and the naive path (JSON, PNG)"
+    )
+    add = bench.add_argument
+    add("--out", type=Path, default=Path("bench-results"), help="output folder")
+    add("--endpoint", help="S3 endpoint URL (default: the embedded stack; AWS_* credentials)")
+    add("--bootstrap", help="Kafka bootstrap servers (needed with --endpoint)")
+    add("--workloads", type=_csv_names, default=("ct", "large", "mix"), help="ct,large,mix")
+    add(
+        "--readers",
+        type=_csv_names,
+        default=("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours"),
+        help="curl,threads,kvikio-raw,naive,kvikio,ours",
+    )
+    add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each)")
+    add("--large-mb", type=int, default=1024, help="MiB of pixels in the large object")
+    add("--repeats", type=int, default=3, help="measured runs after the discarded warm-up")
+    add("--part-mb", type=int, default=8, help="range and part size in MiB")
+    add("--concurrency", type=int, default=16, help="parallel ranges (and objects)")
+    add("--sweep", action="store_true", help="ours vs part size and vs fetch concurrency")
+    add("--sweep-parts", type=_csv_ints, default=(1, 4, 8, 16, 32), help="MiB, for --sweep")
+    add("--sweep-concurrency", type=_csv_ints, default=(4, 8, 16, 32), help="for --sweep")
+    add("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    add("--no-plots", action="store_true", help="skip the PNG plots")
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a worker setting for ours, e.g. max_objects_in_flight=32 (repeatable)",
+    )
+
+
+def _bench_config(args: argparse.Namespace) -> Any:
+    from ingest.bench import BenchConfig
+
+    if args.endpoint and not args.bootstrap:
+        raise ConfigError("bench --endpoint needs --bootstrap")
+    pairs = [item.partition("=") for item in args.set]
+    known = {n.removeprefix("DICOM_INGEST_").lower() for n in setting_names()}
+    for name, sep, _ in pairs:
+        if not sep or name.strip().lower() not in known:
+            raise ConfigError(f"bench --set {name}: expected NAME=VALUE with a known setting")
+    return BenchConfig(
+        out=args.out,
+        endpoint=args.endpoint,
+        bootstrap=args.bootstrap,
+        workloads=args.workloads,
+        readers=args.readers,
+        ct_count=args.ct,
+        large_mb=args.large_mb,
+        repeats=args.repeats,
+        part_mb=args.part_mb,
+        concurrency=args.concurrency,
+        sweep=args.sweep,
+        sweep_parts_mb=args.sweep_parts,
+        sweep_concurrency=args.sweep_concurrency,
+        device=args.device,
+        plots=not args.no_plots,
+        worker_settings=tuple((name.strip(), value) for name, _, value in pairs),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,6 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             configure_logging(json=False)
             return run_stack(durable=args.durable)
+        if args.command == "bench":
+            from ingest.bench import bench_command
+
+            configure_logging(json=False, level=logging.ERROR)  # the tables say the rest
+            return _run(bench_command, _bench_config(args))
         if args.command == "audit":
             from ingest.audit_cli import run_audit
 

@@ -64,6 +64,8 @@ def translate_s3_error(exc: BaseException, what: str) -> IngestError:
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in _TRANSIENT_CODES:  # before the status: S3 sends RequestTimeTooSkewed as 403
+            return SourceUnavailable(f"{what}: S3 answered {status} {code}")
         if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"):
             return ObjectNotFound(f"{what}: not found ({code or status})")
         if status == 403 or code in ("AccessDenied", "Forbidden", "InvalidAccessKeyId"):
@@ -72,9 +74,11 @@ def translate_s3_error(exc: BaseException, what: str) -> IngestError:
             return ObjectChanged(f"{what}: the object changed while it was read (412)")
         if status == 416 or code == "InvalidRange":
             return ObjectChanged(f"{what}: range past the end; the object shrank (416)")
-        if status >= 500 or status == 429 or code in _TRANSIENT_CODES:
+        if (status >= 500 and status != 501) or status == 429:  # 501: not implemented, for good
             return SourceUnavailable(f"{what}: S3 answered {status} {code}")
         return SourceError(f"{what}: S3 answered {status} {code}")
+    if isinstance(exc, aiohttp.ClientPayloadError):  # the body ended before its length
+        return TruncatedBody(f"{what}: body cut short: {exc}")
     # anyio.fail_after raises TimeoutError (== asyncio.TimeoutError): retried like a reset.
     if isinstance(exc, BotoCoreError | aiohttp.ClientError | asyncio.TimeoutError | OSError):
         return SourceUnavailable(f"{what}: {type(exc).__name__}: {exc}")
@@ -175,6 +179,10 @@ class S3Source:
         with anyio.fail_after(self._settings.read_timeout_s):
             resp = await self._client.get_object(**args)
         body = resp["Body"]
+        expected_range = f"bytes {byte_range.start}-{byte_range.end - 1}/"
+        if not str(resp.get("ContentRange", expected_range)).startswith(expected_range):
+            body.close()
+            raise SourceError(f"GET {byte_range.http_range}: answered {resp.get('ContentRange')}")
         try:
             content = body.raw_stream.content
             filled = 0

@@ -242,12 +242,18 @@ async def _consume_chunk(
     ``to_thread.run_sync`` is not abandoned on cancellation, so the slot is
     released only after the hasher has finished reading it.
     """
+    failure: Exception | None = None
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(anyio.to_thread.run_sync, hasher.update, view)
-            values = await _device(ctx, header, slot, view, chunk.first_element)
+            try:
+                values = await _device(ctx, header, slot, view, chunk.first_element)
+            except Exception as exc:  # raised below as it is, not wrapped in a group
+                failure = exc
     finally:
         slot.release()
+    if failure is not None:
+        raise failure
     await out.write(values)
 
 
@@ -311,13 +317,18 @@ async def _ordered_reads(
                 group.start_soon(read.fill, ctx, ref, head)
                 await send.send(read)
 
+    failure: Exception | None = None
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(start_reads)
             try:
                 yield _InOrder(receive)
+            except Exception as exc:  # the consumer's error leaves as it is, not grouped
+                failure = exc
             finally:
                 group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
     finally:
         send.close()
         receive.close()

@@ -99,8 +99,10 @@ class ArrayWriter:
                 self._group.cancel_scope.cancel()
             try:
                 await self._group.__aexit__(exc_type, exc, tb)
-            except BaseException:
+            except BaseException as error:
                 await self._abort()
+                if exc is not None and isinstance(error, BaseExceptionGroup):
+                    return None  # the block's own error goes on as it is, not grouped
                 raise
         try:
             if exc is None:

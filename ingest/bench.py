@@ -1,0 +1,397 @@
+"""``dicom-ingest bench``: every reader on the same objects, side by side, in one run.
+
+Against the embedded stack (SeaweedFS + Tansu started here) or an S3 endpoint
+and broker given on the command line (credentials from the standard AWS
+variables). For each workload (``ct``, ``large``, ``mix``) it runs, in order:
+the ceilings (``curl``, ``threads``, ``kvikio-raw``), the ``naive`` path,
+``kvikio`` (GPU only) and ``ours`` (the real worker through the broker), each
+with one warm-up pass that is discarded and ``repeats`` measured passes; then,
+with ``--sweep``, ours on the large object across part sizes and fetch
+concurrencies. It writes a JSON file with every figure, prints the tables of
+ratios and targets, and draws PNG plots when matplotlib is installed.
+
+Modules: ``bench_workloads`` (objects), ``bench_readers`` (CPU references),
+``bench_gpu`` (KvikIO, pinned-copy reference), ``bench_ours`` (the worker),
+``bench_measure`` (time, CPU, RSS), ``bench_report`` (ratios, table, files).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ingest import bench_gpu
+from ingest.bench_measure import GB, Meter, MiB, load_watch, machine_info, summarize
+from ingest.bench_ours import HOOK_MODE_NOTE, OursRunner
+from ingest.bench_readers import CurlReader, NaiveReader, Reader, ThreadsReader, curl_missing
+from ingest.bench_report import plots, print_tables, ratios, targets, write_json
+from ingest.bench_workloads import (
+    BenchObject,
+    S3Target,
+    Workload,
+    ensure_buckets,
+    prepare_workloads,
+    warmup_object,
+)
+from ingest.settings import Settings, load_settings
+from ingest.stack import Stack, create_topics, embedded_stack, weed_bin
+
+WORKLOADS = ("ct", "large", "mix")
+READERS = ("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    out: Path = Path("bench-results")
+    endpoint: str | None = None
+    bootstrap: str | None = None
+    workloads: tuple[str, ...] = WORKLOADS
+    readers: tuple[str, ...] = READERS
+    ct_count: int = 300
+    large_mb: int = 1024
+    repeats: int = 3
+    part_mb: int = 8
+    concurrency: int = 16
+    sweep: bool = False
+    sweep_parts_mb: tuple[int, ...] = (1, 4, 8, 16, 32)
+    sweep_concurrency: tuple[int, ...] = (4, 8, 16, 32)
+    device: str = "auto"
+    plots: bool = True
+    worker_settings: tuple[tuple[str, str], ...] = ()  # extra DICOM_INGEST_* for ours
+
+
+class _Steps:
+    """A rich progress bar over the (workload, reader) steps and sweep points."""
+
+    def __init__(self, progress: Progress, total: int) -> None:
+        self._progress = progress
+        self._task = progress.add_task("starting", total=total)
+
+    def label(self, text: str) -> None:
+        self._progress.update(self._task, description=text)
+
+    def done(self) -> None:
+        self._progress.advance(self._task)
+
+
+def _target(config: BenchConfig, stack: Stack | None, token: str) -> S3Target:
+    if stack is not None:
+        c = stack.endpoints.credentials
+        endpoint, region, key, secret = stack.s3.endpoint_url, c.region, c.access_key, c.secret_key
+    else:
+        import botocore.session
+
+        session = botocore.session.get_session()
+        creds = session.get_credentials()
+        if creds is None or config.endpoint is None:
+            raise SystemExit("bench --endpoint needs AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+        frozen = creds.get_frozen_credentials()
+        endpoint, key, secret = config.endpoint, frozen.access_key, frozen.secret_key
+        region = session.get_config_variable("region") or "us-east-1"
+    return S3Target(endpoint, region, key, secret, f"bench-{token}-src", f"bench-{token}-out")
+
+
+def _settings(
+    config: BenchConfig, target: S3Target, bootstrap: str, token: str, label: str, **tune: int
+) -> Settings:
+    env = {
+        "DICOM_INGEST_KAFKA_BOOTSTRAP": bootstrap,
+        "DICOM_INGEST_S3_ENDPOINT_URL": target.endpoint_url,
+        "DICOM_INGEST_OUTPUT_URL": f"s3://{target.output_bucket}/out/",
+        "DICOM_INGEST_AUDIT_KEY": base64.b64encode(os.urandom(32)).decode(),
+        "DICOM_INGEST_SOURCE_TOPIC": f"bench-{token}-{label}-events",
+        "DICOM_INGEST_RESULTS_TOPIC": f"bench-{token}-results",
+        "DICOM_INGEST_DLQ_TOPIC": f"bench-{token}-dlq",
+        "DICOM_INGEST_AUDIT_TOPIC": f"bench-{token}-audit",
+        "DICOM_INGEST_GROUP_ID": f"bench-{token}-{label}",
+        "DICOM_INGEST_WORKER_ID": f"bench-{label}",
+        "DICOM_INGEST_DEVICE": config.device,
+        # Tansu holds JoinGroup for about half the session timeout (DESIGN.md 4).
+        "DICOM_INGEST_SESSION_TIMEOUT_MS": "2000",
+        "DICOM_INGEST_HEARTBEAT_INTERVAL_MS": "200",
+        "DICOM_INGEST_SHUTDOWN_DEADLINE_S": "30",
+        "DICOM_INGEST_PART_SIZE": str(tune.get("part", config.part_mb * MiB)),
+        "DICOM_INGEST_FETCH_CONCURRENCY": str(tune.get("concurrency", config.concurrency)),
+    }
+    env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in config.worker_settings})
+    return load_settings(env)
+
+
+def _skipped(status: str, note: str, short: str) -> dict[str, Any]:
+    return {"status": status, "note": note, "short": short}
+
+
+def _measure_reader(
+    reader: Reader, workload: Workload, repeats: int, pids: list[int]
+) -> dict[str, Any]:
+    """One warm-up run (discarded), then ``repeats`` measured runs."""
+    reader.prepare(workload)
+    try:
+        reader.run(workload)
+        runs = []
+        for _ in range(repeats):
+            with Meter(pids) as meter:
+                extra = reader.run(workload)
+            run = meter.result(workload.bytes, len(workload.objects))
+            run.extra = extra
+            runs.append(run.as_dict())
+    finally:
+        reader.close()
+    return {"status": "ok", "runs": runs, **summarize(runs), "warmup": "1 run, discarded"}
+
+
+def _make_reader(name: str, config: BenchConfig, target: S3Target) -> Reader | dict[str, Any]:
+    part, conc = config.part_mb * MiB, config.concurrency
+    cuda = bench_gpu.cuda_missing()
+    if name == "curl":
+        why = curl_missing()
+        return _skipped("skipped", why, "no curl") if why else CurlReader(target, part, conc)
+    if name == "threads":
+        return ThreadsReader(target, part, conc)
+    if name == "naive":
+        on_gpu = cuda is None and config.device != "cpu"
+        return NaiveReader(target, conc, bench_gpu.to_device if on_gpu else None)
+    if name in ("kvikio-raw", "kvikio"):
+        why = bench_gpu.kvikio_missing()
+        if why is not None:
+            return _skipped("skipped", f"GPU only: {why}", "GPU only")
+        return bench_gpu.KvikioReader(target, part, conc, preprocess=name == "kvikio")
+    raise ValueError(f"unknown reader {name!r}")
+
+
+async def _run_ours(
+    config: BenchConfig,
+    target: S3Target,
+    bootstrap: str,
+    token: str,
+    label: str,
+    objects: tuple[BenchObject, ...],
+    warmup: tuple[BenchObject, ...],
+    repeats: int,
+    paced: bool,
+    pids: list[int],
+    **tune: int,
+) -> dict[str, Any]:
+    settings = _settings(config, target, bootstrap, token, label, **tune)
+    await anyio.to_thread.run_sync(create_topics, bootstrap, [settings.source_topic])
+    runner = OursRunner(settings, target.source_bucket, pids)
+    result = await runner.measure(objects, warmup, repeats, paced)
+    result["settings"] = {
+        "part_size": settings.part_size, "ring_slots": settings.ring_slots,
+        "fetch_concurrency": settings.fetch_concurrency,
+        "max_objects_in_flight": settings.max_objects_in_flight,
+        "output_dtype": settings.output_dtype, "device": settings.device,
+        "backend": runner.worker.backend, "sink": "s3",
+    }  # fmt: skip
+    return result
+
+
+@contextlib.contextmanager
+def _maybe_stack(config: BenchConfig, stack: Stack | None) -> Iterator[Stack | None]:
+    if stack is not None or config.endpoint:
+        yield stack
+        return
+    with embedded_stack() as started:
+        yield started
+
+
+async def run_bench(
+    config: BenchConfig, stack: Stack | None = None, console: Console | None = None
+) -> dict[str, Any]:
+    """Run the whole benchmark; returns the report (also written under ``config.out``).
+
+    Raises:
+        ConfigError, StackError: the embedded stack could not start.
+        RuntimeError: a reader failed (a wrong byte count, an HTTP error).
+    """
+    console = console or (Console() if sys.stdout.isatty() else Console(width=150))
+    config.out.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex[:8]
+    started = datetime.now(UTC)
+    report: dict[str, Any] = {"version": 1, "command": sys.argv, "started": started.isoformat()}
+    report["config"] = {k: str(v) if isinstance(v, Path) else v
+                        for k, v in dataclasses.asdict(config).items()}  # fmt: skip
+    with _maybe_stack(config, stack) as running:
+        if running is not None:
+            # The worker takes S3 credentials from the standard AWS variables, as botocore does.
+            os.environ.update(running.endpoints.environment())
+        target = _target(config, running, token)
+        bootstrap = running.kafka.bootstrap if running else str(config.bootstrap)
+        pids = [running.s3.pid, running.kafka.pid] if running else []
+        gpu = bench_gpu.gpu_name()
+        report["machine"] = machine_info(gpu, weed_bin() if running else None)
+        report["method"] = _method(config)
+        with (
+            load_watch(report.setdefault("load", {})),
+            tempfile.TemporaryDirectory(prefix="dicom-ingest-bench-") as tmp,
+            Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                     console=console) as progress,
+        ):  # fmt: skip
+            steps = _Steps(progress, _count_steps(config))
+            await anyio.to_thread.run_sync(ensure_buckets, target)
+            topics = [f"bench-{token}-{t}" for t in ("results", "dlq", "audit")]
+            await anyio.to_thread.run_sync(create_topics, bootstrap, topics)
+            workloads = await anyio.to_thread.run_sync(
+                prepare_workloads, target, list(config.workloads), config.ct_count,
+                config.large_mb, Path(tmp), steps.label,
+            )  # fmt: skip
+            report["workloads"] = {n: w.describe() for n, w in workloads.items()}
+            warm = (await anyio.to_thread.run_sync(warmup_object, target),)
+            report["results"] = {}
+            for name, workload in workloads.items():
+                results: dict[str, Any] = report["results"].setdefault(name, {})
+                for reader_name in config.readers:
+                    steps.label(f"{name}: {reader_name}")
+                    if reader_name == "ours":
+                        results["ours"] = await _run_ours(
+                            config, target, bootstrap, token, name, workload.objects,
+                            workload.objects, config.repeats, name == "ct", pids,
+                        )  # fmt: skip
+                        results["ours-hook"] = _skipped(
+                            "missing", HOOK_MODE_NOTE, "no hook mode yet"
+                        )
+                    else:
+                        reader = _make_reader(reader_name, config, target)
+                        if isinstance(reader, dict):
+                            results[reader_name] = reader
+                        else:
+                            results[reader_name] = await anyio.to_thread.run_sync(
+                                _measure_reader, reader, workload, config.repeats, pids
+                            )
+                    steps.done()
+            if config.sweep and "large" in workloads:
+                report["sweeps"] = await _sweeps(
+                    config, target, bootstrap, token, workloads["large"], warm, pids, steps
+                )
+            report["h2d_reference"] = _h2d_reference(config, gpu is not None)
+    report["finished"] = datetime.now(UTC).isoformat()
+    report["ratios"] = ratios(report)
+    report["targets"] = targets(report)
+    report["notes"] = _notes(report, config)
+    _write(report, config, started, console)
+    return report
+
+
+async def _sweeps(
+    config: BenchConfig,
+    target: S3Target,
+    bootstrap: str,
+    token: str,
+    large: Workload,
+    warm: tuple[BenchObject, ...],
+    pids: list[int],
+    steps: _Steps,
+) -> dict[str, Any]:
+    """Ours on the large object: one measured pass per point, after a one-slice warm-up."""
+    out: dict[str, Any] = {"method": "ours on the large object; warm-up: one CT slice; 1 pass"}
+    axes: list[tuple[str, tuple[int, ...], Callable[[int], dict[str, int]]]] = [
+        ("part_size", config.sweep_parts_mb, lambda v: {"part": v * MiB}),
+        ("concurrency", config.sweep_concurrency, lambda v: {"concurrency": v}),
+    ]
+    for axis, values, tune in axes:
+        points = []
+        for value in values:
+            steps.label(f"sweep {axis} = {value}")
+            result = await _run_ours(
+                config, target, bootstrap, token, f"sweep-{axis}-{value}", large.objects, warm,
+                1, False, pids, **tune(value),
+            )  # fmt: skip
+            run = result["runs"][0]
+            keep = ("gb_per_s", "cpu_s_per_gb", "peak_rss_bytes", "load_1m")
+            point = {"value": value, "ring_bytes": result["ring_bytes"]}
+            points.append(point | {k: run[k] for k in keep})
+            steps.done()
+        out[axis] = points
+    return out
+
+
+def _h2d_reference(config: BenchConfig, has_gpu: bool) -> dict[str, Any]:
+    if not has_gpu or config.device == "cpu":
+        return {"status": "skipped", "note": "GPU only: no CUDA device"}
+    return {
+        "status": "ok",
+        "part": bench_gpu.pinned_copy_rate(config.part_mb * MiB),
+        "ct_slice": bench_gpu.pinned_copy_rate(512 * 512 * 2),
+    }
+
+
+def _count_steps(config: BenchConfig) -> int:
+    sweep = len(config.sweep_parts_mb) + len(config.sweep_concurrency) if config.sweep else 0
+    return len(config.workloads) * len(config.readers) + sweep
+
+
+def _method(config: BenchConfig) -> dict[str, str]:
+    return {
+        "repeats": f"{config.repeats} measured runs per reader and workload",
+        "warmup": "readers: one full run first, discarded; ours: one full pass first, discarded "
+        "(sweep points: one CT slice)",
+        "statistic": "ratios use the median of the measured runs on both sides; "
+        "'best' is the run with the highest GB/s",
+        "throughput": "source object bytes / seconds; ours: from the first notification "
+        "published to the last outcome reported",
+        "latency": "ours: Outcome callback time (after output, sidecar, acknowledged result "
+        "event and audit record) minus the time just before the notification was handed "
+        "to the producer; 'burst' publishes everything at once (includes queueing), "
+        "'paced' publishes at half the median burst rate",
+        "cpu": "process_time of this process (all threads, including the bench's own "
+        "publisher) + RUSAGE_CHILDREN (curl); server CPU apart as server_cpu_s",
+        "rss": "VmHWM reset via /proc/self/clear_refs before each run; ours is compared "
+        "with ring size = RING_SLOTS x PART_SIZE",
+        "ceiling": f"{config.concurrency} parallel {config.part_mb} MiB ranges",
+    }
+
+
+def _notes(report: dict[str, Any], config: BenchConfig) -> list[str]:
+    notes = [f"ours with the arrays left on the device for a user hook: {HOOK_MODE_NOTE}"]
+    load = report.get("load", {})
+    cores = report["machine"].get("cpu_count") or 1
+    peak = max(load.get("load_before", [0])[0], load.get("load_after", [0])[0])
+    if peak > cores:
+        notes.append(f"the machine was busy (1-min load {peak:.1f} on {cores} cores): rerun")
+    if not report.get("sweeps"):
+        notes.append("no sweep (run with --sweep for throughput vs part size and concurrency)")
+    total = sum(w["bytes"] for w in report.get("workloads", {}).values())
+    notes.append(f"{total / GB:.2f} GB of source objects; every figure from this one run")
+    return notes
+
+
+def _write(
+    report: dict[str, Any], config: BenchConfig, started: datetime, console: Console
+) -> None:
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    path = config.out / f"bench-{stamp}.json"
+    if config.plots:
+        try:
+            report["plots"] = plots(report, config.out)
+        except ImportError:
+            report["notes"].append("no PNG plots: matplotlib is not installed (pip install "
+                                   "'dicom-ingest[bench]')")  # fmt: skip
+    write_json(path, report)
+    print_tables(console, report)
+    console.print(f"JSON: {path}")
+    for png in report.get("plots", []):
+        console.print(f"plot: {png}")
+
+
+async def bench_command(config: BenchConfig) -> int:
+    """The CLI entry: run, print, exit 0 (a failed reader raises)."""
+    started = time.perf_counter()
+    await run_bench(config)
+    Console().print(f"bench finished in {time.perf_counter() - started:.0f} s")
+    return 0

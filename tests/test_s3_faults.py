@@ -1,0 +1,458 @@
+"""S3 faults between the worker and SeaweedFS, injected by a real HTTP proxy (tests/faults.py).
+
+Transient faults (500, 503 SlowDown, resets, stalls past the read timeout,
+bodies cut short) are retried and every output stays bit-exact; a short body
+is never taken as data; persistent failures end in the dead-letter topic
+after a bounded number of attempts while the rest goes on; an object replaced
+while it is read is re-read (412 on If-Match) and the output is the new
+version's, or dead-lettered as ``object_changed`` if it never holds still.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from aiobotocore.session import get_session
+from botocore.exceptions import ClientError
+
+from ingest.errors import AccessDenied, IngestError, SourceUnavailable, TruncatedBody
+from ingest.fetch import S3Source
+from ingest.planning import ByteRange
+from ingest.samples import example_bytes, synthetic_ct_series, synthetic_multiframe
+from ingest.settings import Settings
+from ingest.stack import Stack
+from tests import harness
+from tests.faults import (
+    Fault,
+    FaultPlan,
+    FaultProxy,
+    PutObject,
+    Replace,
+    Reset,
+    Rule,
+    ShortBody,
+    Stall,
+    Status,
+)
+from tests.reference import reference_array
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(60)]
+
+MAX_ATTEMPTS = 4
+READ_TIMEOUT_S = 1.0
+STALL_S = 3 * READ_TIMEOUT_S  # the client gives up first; its disconnect ends the stall
+RETRY_MAX_WAIT_S = 0.1
+PART = 64 * 1024
+
+# Faults injected over this module's run, by kind (printed at the end with -s / -rA).
+TOTALS: Counter[str] = Counter()
+
+
+@pytest.fixture(autouse=True)
+def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker takes S3 credentials from the standard AWS variables, as botocore does."""
+    for name, value in stack.endpoints.environment().items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_totals() -> Iterator[None]:
+    yield
+    print("\nfaults injected by kind:", dict(sorted(TOTALS.items())))
+
+
+@asynccontextmanager
+async def proxied(stack: Stack, plan: FaultPlan) -> AsyncIterator[FaultProxy]:
+    """The proxy in front of the stack's SeaweedFS; ``Replace`` writes straight upstream."""
+    async with harness.s3_client(stack) as s3:
+
+        async def put(bucket: str, key: str, body: bytes) -> None:
+            await s3.put_object(Bucket=bucket, Key=key, Body=body)
+
+        putter: PutObject = put
+        async with FaultProxy(stack.s3.endpoint_url, plan, put_object=putter) as proxy:
+            try:
+                yield proxy
+            finally:
+                TOTALS.update(plan.injected)
+
+
+def settings_for(
+    stack: Stack, names: harness.Names, proxy: FaultProxy, **overrides: str
+) -> Settings:
+    return harness.make_settings(
+        stack,
+        names,
+        s3_endpoint_url=proxy.url,
+        read_timeout_s=str(READ_TIMEOUT_S),
+        max_attempts=str(MAX_ATTEMPTS),
+        retry_max_wait_s=str(RETRY_MAX_WAIT_S),
+        **overrides,
+    )
+
+
+async def upstream_etag(stack: Stack, bucket: str, key: str) -> str:
+    async with harness.s3_client(stack) as s3:
+        head = await s3.head_object(Bucket=bucket, Key=key)
+        return str(head["ETag"]).strip('"')
+
+
+# -- the proxy itself ---------------------------------------------------------------------------
+
+
+async def test_proxy_forwards_signed_requests_and_credentials_stay_enforced(stack: Stack) -> None:
+    """No rules: requests pass unchanged (SigV4 still verifies upstream), wrong keys still fail."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    stack.s3.create_bucket(names.source_bucket)
+    key = "dir with space/multi+frame é.dcm"  # the raw, encoded path must reach the upstream
+    body = bytes(range(256)) * 1000
+    plan = FaultPlan()
+    creds = stack.endpoints.credentials
+    async with proxied(stack, plan) as proxy:
+        session = get_session()
+        async with session.create_client(
+            "s3",
+            endpoint_url=proxy.url,
+            aws_access_key_id=creds.access_key,
+            aws_secret_access_key=creds.secret_key,
+            region_name=creds.region,
+        ) as s3:
+            await s3.put_object(Bucket=names.source_bucket, Key=key, Body=body)
+            got = await s3.get_object(Bucket=names.source_bucket, Key=key, Range="bytes=10-99")
+            async with got["Body"] as stream:
+                assert await stream.read() == body[10:100]
+            head = await s3.head_object(Bucket=names.source_bucket, Key=key)
+            assert head["ContentLength"] == len(body)
+        async with session.create_client(
+            "s3",
+            endpoint_url=proxy.url,
+            aws_access_key_id=creds.access_key,
+            aws_secret_access_key="not-the-secret",
+            region_name=creds.region,
+        ) as wrong:
+            with pytest.raises(ClientError) as denied:
+                await wrong.get_object(Bucket=names.source_bucket, Key=key)
+    assert denied.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert plan.injected == {}
+    assert [r.method for r in plan.requests] == ["PUT", "GET", "HEAD", "GET"]
+    assert {r.key for r in plan.requests} == {key}
+
+
+# -- the source alone: one HEAD / one ranged GET through the proxy ----------------------------
+
+TRANSIENT: dict[str, Fault] = {
+    "500": Status.internal_error(),
+    "503": Status.slow_down(),
+    "reset": Reset(0.5),
+    "stall": Stall(STALL_S),
+    "stall_mid_body": Stall(STALL_S, fraction=0.5),
+    "short_body": ShortBody(0.5),
+    "short_body_declared": ShortBody(0.5, honest_length=True),
+}
+
+
+@asynccontextmanager
+async def source_through(
+    stack: Stack, plan: FaultPlan, data: bytes
+) -> AsyncIterator[tuple[S3Source, str, str]]:
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    stack.s3.create_bucket(names.source_bucket)
+    key = "obj/x.dcm"
+    await harness.upload(stack, names.source_bucket, [(key, data)])
+    async with proxied(stack, plan) as proxy, S3Source(settings_for(stack, names, proxy)) as src:
+        yield src, names.source_bucket, key
+
+
+@pytest.mark.parametrize("kind", sorted(TRANSIENT))
+async def test_source_retries_each_transient_fault(stack: Stack, kind: str) -> None:
+    data = bytes(range(256)) * (3 * PART // 256)
+    faults = 1 if kind.startswith("stall") else MAX_ATTEMPTS - 1  # a stall costs a timeout
+    rule = Rule(TRANSIENT[kind], method="GET", times=faults)
+    plan = FaultPlan([rule])
+    async with source_through(stack, plan, data) as (src, bucket, key):
+        head = await src.head(bucket, key, None)
+        target = bytearray(b"\xee" * PART)
+        await src.read_into(bucket, key, head, ByteRange(PART, 2 * PART), memoryview(target))
+    assert bytes(target) == data[PART : 2 * PART]
+    assert plan.injected == {TRANSIENT[kind].kind: faults}
+    assert len(plan.seen("GET", key)) == faults + 1
+
+
+@pytest.mark.parametrize("kind", ["500", "stall"])
+async def test_source_head_retries(stack: Stack, kind: str) -> None:
+    plan = FaultPlan([Rule(TRANSIENT[kind], method="HEAD", times=1)])
+    async with source_through(stack, plan, b"x" * 1000) as (src, bucket, key):
+        head = await src.head(bucket, key, None)
+    assert head.size == 1000
+    assert plan.injected == {TRANSIENT[kind].kind: 1}
+    assert len(plan.seen("HEAD", key)) == 2
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    fault: Fault
+    method: str
+    error: type[IngestError]
+    attempts: int
+
+
+GIVE_UP = {
+    "503-get": GiveUp(Status.slow_down(), "GET", SourceUnavailable, MAX_ATTEMPTS),
+    "500-head": GiveUp(Status.internal_error(), "HEAD", SourceUnavailable, MAX_ATTEMPTS),
+    "reset-get": GiveUp(Reset(0.25), "GET", TruncatedBody, MAX_ATTEMPTS),
+    "short-get": GiveUp(ShortBody(0.9), "GET", TruncatedBody, MAX_ATTEMPTS),
+    "short-declared-get": GiveUp(
+        ShortBody(0.9, honest_length=True), "GET", TruncatedBody, MAX_ATTEMPTS
+    ),
+    "403-get": GiveUp(Status.access_denied(), "GET", AccessDenied, 1),
+    "403-head": GiveUp(Status.access_denied(), "HEAD", AccessDenied, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GIVE_UP))
+async def test_source_gives_up_after_bounded_attempts(stack: Stack, case: str) -> None:
+    spec = GIVE_UP[case]
+    data = b"\x5a" * (2 * PART)
+    plan = FaultPlan([Rule(spec.fault, method=spec.method, times=None)])
+    async with source_through(stack, plan, data) as (src, bucket, key):
+
+        async def head_then_read() -> None:
+            head = await src.head(bucket, key, None)
+            await src.read_into(bucket, key, head, ByteRange(0, PART), memoryview(bytearray(PART)))
+
+        with pytest.raises(IngestError) as caught:
+            await head_then_read()
+    assert type(caught.value) is spec.error, caught.value
+    assert caught.value.attempts == spec.attempts
+    requests = plan.seen(spec.method, key)
+    assert len(requests) == spec.attempts
+    # capped backoff: no wait between attempts beyond the cap (plus generous slack for a
+    # loaded machine; uncapped waits would still be small here, this guards against hangs)
+    gaps = [b.at - a.at for a, b in itertools.pairwise(requests)]
+    assert all(gap < RETRY_MAX_WAIT_S + 2.0 for gap in gaps), gaps
+
+
+# -- the worker ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class WorkerRun:
+    names: harness.Names
+    processed: set[str]
+    dead: dict[str, dict[str, Any]]
+    results: dict[str, Mapping[str, Any]]
+
+
+async def run_worker_through(
+    stack: Stack,
+    plan: FaultPlan,
+    objects: Mapping[str, bytes],
+    names: harness.Names,
+    **overrides: str,
+) -> WorkerRun:
+    """Upload ``objects`` (keys relative to the source bucket), announce each, run the worker."""
+    await harness.upload(stack, names.source_bucket, objects.items())
+    await harness.publish(
+        stack,
+        names.source_topic,
+        [harness.aws_notification(names.source_bucket, [k]) for k in objects],
+    )
+    async with proxied(stack, plan) as proxy:
+        with anyio.fail_after(45):
+            run = await harness.run_worker(
+                settings_for(stack, names, proxy, **overrides), stop_after=len(objects)
+            )
+    processed = {o.ref.key for o in run.outcomes if o.ref and o.processed}
+    dead = {d["key"]: d for d in await harness.read_json_topic(stack, names.dlq_topic)}
+    results = harness.by_key(await harness.read_json_topic(stack, names.results_topic))
+    return WorkerRun(names, processed, dead, results)
+
+
+async def assert_bit_exact(stack: Stack, run: WorkerRun, expected: Mapping[str, bytes]) -> None:
+    """Every key's output equals the reference of ``expected[key]``; sidecars name that version."""
+    out = f"out/{run.names.source_bucket}"
+    for key, data in expected.items():
+        want = reference_array(data, None, "float32")
+        got = harness.load_npy(
+            await harness.get_object(stack, run.names.output_bucket, f"{out}/{key}.npy")
+        )
+        assert got.shape == want.shape, key
+        assert got.tobytes() == want.tobytes(), key
+        side = harness.load_json(
+            await harness.get_object(stack, run.names.output_bucket, f"{out}/{key}.json")
+        )
+        assert side == run.results[key]
+        assert side["source"]["sha256"] == harness.sha256(data), key
+        assert side["source"]["size"] == len(data), key
+        etag = await upstream_etag(stack, run.names.source_bucket, key)
+        assert side["source"]["etag"] == etag, key
+
+
+def fresh_names(stack: Stack) -> harness.Names:
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    return names
+
+
+async def test_worker_retries_transient_faults_and_outputs_stay_bit_exact(stack: Stack) -> None:
+    objects = {
+        "small/CT_small.dcm": example_bytes("CT_small.dcm"),
+        "small/MR_small.dcm": example_bytes("MR_small.dcm"),
+        "multi/mf16.dcm": synthetic_multiframe(12, 128, 96),  # header read + 5 chunks
+        "multi/mf8.dcm": synthetic_multiframe(8, 128, 128, bits_allocated=8),
+        **{f"ct/{k}": d for k, d in synthetic_ct_series(3, rows=128, columns=128)},
+    }
+    names = fresh_names(stack)
+    src = names.source_bucket
+
+    def once(
+        fault: Fault, key: str, *, method: str = "GET", range: str | None = None, times: int = 1
+    ) -> Rule:
+        """Fires ``times`` times in all, at most once per (method, key, range)."""
+        return Rule(fault, method, key, src, range, times=times, per_request=1)
+
+    # At most two of these rules reach one request, plus the background one: no request
+    # sees more than MAX_ATTEMPTS - 1 faults, so every one must end in success.
+    counted = [
+        once(Status.internal_error(), "ct/*", method="HEAD", times=2),
+        once(Status.slow_down(), "small/CT_small.dcm", method="HEAD"),
+        once(Stall(STALL_S), "small/CT_small.dcm"),
+        once(ShortBody(0.5), "small/MR_small.dcm"),
+        once(ShortBody(0.3, honest_length=True), "ct/*", times=3),
+        once(Status.slow_down(), "multi/mf16.dcm", range=r"^bytes=[1-9]", times=2),
+        once(Stall(STALL_S, fraction=0.5), "multi/mf16.dcm", range=r"^bytes=0-"),
+        once(Reset(0.5), "multi/mf8.dcm", times=3),
+        once(ShortBody(0.7), "multi/mf8.dcm", range=r"^bytes=[1-9]"),
+    ]
+    background = Rule(
+        Status.internal_error(), probability=0.15, times=None, bucket=src, per_request=1
+    )
+    plan = FaultPlan([*counted, background], seed=20261121)
+
+    run = await run_worker_through(stack, plan, objects, names)
+
+    assert run.dead == {}
+    assert run.processed == set(objects)
+    await assert_bit_exact(stack, run, objects)
+    for rule in counted:
+        assert rule.fired == rule.times, rule
+    # every kind was injected; short bodies among them, and none was taken as data
+    kinds = set(plan.injected)
+    assert {"500 InternalError", "503 SlowDown", "reset", "stall", "stall_mid_body"} <= kinds
+    assert plan.injected["short_body"] >= 2
+    assert plan.injected["short_body_declared"] == 3
+
+
+async def test_worker_dead_letters_persistent_failures_and_keeps_going(stack: Stack) -> None:
+    good = {
+        "ok/CT_small.dcm": example_bytes("CT_small.dcm"),
+        "ok/mf16.dcm": synthetic_multiframe(12, 128, 96),
+    }
+    bad = {
+        "fail/head-503.dcm": example_bytes("MR_small.dcm"),
+        "fail/chunk-500.dcm": synthetic_multiframe(8, 128, 128, bits_allocated=8),
+        "fail/denied.dcm": example_bytes("CT_small.dcm"),
+        "fail/truncated.dcm": synthetic_multiframe(5, 64, 64, bits_allocated=16, signed=True),
+    }
+    names = fresh_names(stack)
+
+    def always(fault: Fault, key: str, method: str = "GET", range: str | None = None) -> Rule:
+        return Rule(fault, method, key, names.source_bucket, range, times=None)
+
+    plan = FaultPlan(
+        [
+            always(Status.slow_down(), "fail/head-503.dcm", "HEAD"),
+            always(Status.internal_error(), "fail/chunk-500.dcm", range=r"^bytes=[1-9]"),
+            always(Status.access_denied(), "fail/denied.dcm"),
+            always(ShortBody(0.5, honest_length=True), "fail/truncated.dcm"),
+        ]
+    )
+
+    run = await run_worker_through(stack, plan, {**good, **bad}, names)
+
+    assert run.processed == set(good)
+    await assert_bit_exact(stack, run, good)
+    assert {k: (d["reason"], d["attempts"]) for k, d in run.dead.items()} == {
+        "fail/head-503.dcm": ("source_unavailable", MAX_ATTEMPTS),
+        "fail/chunk-500.dcm": ("source_unavailable", MAX_ATTEMPTS),
+        "fail/denied.dcm": ("access_denied", 1),
+        "fail/truncated.dcm": ("truncated_body", MAX_ATTEMPTS),
+    }
+    assert len(plan.seen("HEAD", "fail/head-503.dcm")) == MAX_ATTEMPTS  # bounded
+    assert len(plan.seen("GET", "fail/head-503.dcm")) == 0
+    assert len(plan.seen("GET", "fail/denied.dcm")) == 1  # a 403 is not retried
+    assert len(plan.seen("GET", "fail/truncated.dcm")) == MAX_ATTEMPTS
+    assert plan.injected["short_body_declared"] == MAX_ATTEMPTS
+    outputs = f"out/{names.source_bucket}"
+    async with harness.s3_client(stack) as s3:
+        listed = await s3.list_objects_v2(Bucket=names.output_bucket, Prefix=f"{outputs}/fail/")
+    assert listed.get("KeyCount", 0) == 0  # nothing partial for the failed ones
+
+
+async def test_worker_rereads_an_object_replaced_while_read(stack: Stack) -> None:
+    old_large = synthetic_multiframe(12, 128, 96)
+    new_large = synthetic_multiframe(10, 128, 96, per_frame_rescale=False)
+    slices = [d for _, d in synthetic_ct_series(2, rows=96, columns=96)]
+    objects = {
+        "replace/large.dcm": old_large,  # replaced at its 3rd ranged GET (a Pixel Data chunk)
+        "replace/small.dcm": slices[0],  # replaced at its first GET
+        "replace/restless.dcm": slices[0],  # replaced at every GET
+        "ok/CT_small.dcm": example_bytes("CT_small.dcm"),
+    }
+    names = fresh_names(stack)
+    src = names.source_bucket
+    plan = FaultPlan(
+        [
+            Rule(Replace((new_large,)), key="replace/large.dcm", bucket=src, skip=2),
+            Rule(Replace((slices[1],)), key="replace/small.dcm", bucket=src),
+            # alternate, so each PUT changes the ETag the last HEAD saw
+            Rule(
+                Replace((slices[1], slices[0])), key="replace/restless.dcm", bucket=src, times=None
+            ),
+        ]
+    )
+
+    run = await run_worker_through(stack, plan, objects, names)
+
+    assert run.processed == {"replace/large.dcm", "replace/small.dcm", "ok/CT_small.dcm"}
+    await assert_bit_exact(
+        stack,
+        run,
+        {
+            "replace/large.dcm": new_large,
+            "replace/small.dcm": slices[1],
+            "ok/CT_small.dcm": objects["ok/CT_small.dcm"],
+        },
+    )
+    restless = run.dead["replace/restless.dcm"]
+    assert (restless["reason"], restless["attempts"]) == ("object_changed", 3)
+    assert len(plan.seen("HEAD", "replace/restless.dcm")) == 3
+    assert list(run.dead) == ["replace/restless.dcm"]
+    # the large object was read twice from the start: the old version, then the new one
+    large_heads = plan.seen("HEAD", "replace/large.dcm")
+    assert len(large_heads) == 2
+    assert plan.injected["replace"] == 2 + 3
+
+
+async def test_worker_rereads_a_replaced_object_whose_output_is_multipart(stack: Stack) -> None:
+    """The 412 arrives after the output's multipart upload has begun (outputs > 16 MiB)."""
+    old = synthetic_multiframe(65, 256, 256, bits_allocated=8)  # 4.2 MB in, 17 MB float32 out
+    new = synthetic_multiframe(66, 256, 256, bits_allocated=8)
+    names = fresh_names(stack)
+    # 256 KiB parts: the first 8 MiB output part is sent after ~9 GETs; replace at the 13th
+    plan = FaultPlan([Rule(Replace((new,)), key="huge.dcm", bucket=names.source_bucket, skip=12)])
+
+    run = await run_worker_through(stack, plan, {"huge.dcm": old}, names, part_size=str(256 * 1024))
+
+    assert run.dead == {}
+    assert run.processed == {"huge.dcm"}
+    await assert_bit_exact(stack, run, {"huge.dcm": new})
+    assert len(plan.seen("HEAD", "huge.dcm")) == 2
