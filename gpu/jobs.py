@@ -28,7 +28,10 @@ class ChunkJob:
     ``data`` is read-only for the device thread and must stay untouched until
     ``on_consumed`` is called. ``keep_on_device`` returns the CuPy output too
     (for a user hook; ignored on the CPU backend); ``want_host=False`` then
-    skips the copy back to the host.
+    skips the copy back to the host. ``on_result`` (a user hook) is called on
+    the device thread with the finished result, before the batch's future
+    resolves, so it may use CuPy on the thread that owns the device; what it
+    raises fails that job alone.
     """
 
     data: memoryview
@@ -38,6 +41,7 @@ class ChunkJob:
     on_consumed: Callable[[], None]
     keep_on_device: bool = False
     want_host: bool = True
+    on_result: Callable[[ChunkResult], None] | None = None
 
 
 @dataclass(slots=True)
@@ -69,6 +73,19 @@ class Runner(Protocol):
     def stats(self) -> dict[str, int | float]: ...
 
     def close(self) -> None: ...
+
+
+def deliver(
+    jobs: Sequence[ChunkJob], outcomes: list[ChunkResult | BaseException]
+) -> list[ChunkResult | BaseException]:
+    """Run each job's ``on_result`` on its result (device thread); a raise fails that job."""
+    for i, (job, outcome) in enumerate(zip(jobs, outcomes, strict=True)):
+        if job.on_result is not None and isinstance(outcome, ChunkResult):
+            try:
+                job.on_result(outcome)
+            except Exception as exc:
+                outcomes[i] = exc
+    return outcomes
 
 
 def consume(job: ChunkJob) -> BaseException | None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpu.jobs import ChunkJob, ChunkResult, CpuRunner, Runner, consume
+from gpu.jobs import ChunkJob, ChunkResult, CpuRunner, Runner, consume, deliver
 from gpu.memory import COUNTERS, HostBuffer, alloc_host
 
 __all__ = ["ChunkJob", "ChunkResult", "DeviceThread", "cuda_unavailable_reason"]
@@ -132,7 +132,7 @@ class DeviceThread:
         def run() -> list[ChunkResult | BaseException]:
             assert self._runner is not None
             self._counts["batches"] += 1
-            return self._runner.run(batch)
+            return deliver(batch, self._runner.run(batch))
 
         def cancelled() -> None:
             for job in batch:

@@ -29,16 +29,17 @@ import anyio
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from gpu.thread import ChunkJob
+from gpu.thread import ChunkJob, ChunkResult
 from ingest.device import DeviceStage
 from ingest.dicom import DicomHeader, NeedMoreBytes, parse_header
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, ObjectChanged
 from ingest.fetch import ObjectHead, S3Source
+from ingest.hooks import Hook, HookChunk
 from ingest.notifications import ObjectRef
 from ingest.planning import ByteRange, PixelChunk, chunk_pixels, first_read, split_range
 from ingest.ring import PinnedRing, Slot
 from ingest.settings import Settings
-from ingest.sink import ArrayWriter, OutputSink, output_keys
+from ingest.sink import ArrayWriter, DiscardWriter, OutputSink, output_keys
 
 MAX_VERSION_RETRIES = 3
 
@@ -76,6 +77,27 @@ class Context:
     ring: PinnedRing
     device: DeviceStage
     fetch_limit: anyio.CapacityLimiter
+    hook: Hook | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The object version a chunk belongs to (what a hook is told)."""
+
+    ref: ObjectRef
+    head: ObjectHead
+
+    @property
+    def bucket(self) -> str:
+        return self.ref.bucket
+
+    @property
+    def key(self) -> str:
+        return self.ref.key
+
+    @property
+    def etag(self) -> str:
+        return self.head.etag
 
 
 async def process_object(ctx: Context, ref: ObjectRef) -> Processed:
@@ -141,7 +163,7 @@ async def _small(ctx: Context, ref: ObjectRef, head: ObjectHead, npy_key: str) -
         pixels = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
         t = time.perf_counter()
         async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
-            values = await _device(ctx, header, slot, pixels, 0)
+            values = await _device(ctx, Target(ref, head), header, slot, pixels, 0)
             timings.device_s = time.perf_counter() - t
             await out.write(values)
     finally:
@@ -150,20 +172,44 @@ async def _small(ctx: Context, ref: ObjectRef, head: ObjectHead, npy_key: str) -
 
 
 async def _device(
-    ctx: Context, header: DicomHeader, slot: Slot, pixels: memoryview, first_element: int
-) -> np.ndarray:
-    """Preprocess the samples in ``pixels``; the device gets its own reference to the slot."""
+    ctx: Context,
+    ref: Target,
+    header: DicomHeader,
+    slot: Slot,
+    pixels: memoryview,
+    first_element: int,
+) -> np.ndarray | None:
+    """Preprocess the samples in ``pixels``; the device gets its own reference to the slot.
+
+    Returns the host values, or None when the sink is off (a hook has the values).
+    """
     slot.retain()
+    transform = header.transform(ctx.settings.window, ctx.settings.output_dtype)
+    on_result = None
+    if ctx.hook is not None:
+        hook, shape, dtype = ctx.hook, header.pixel.shape, ctx.settings.output_dtype
+        elements = len(pixels) // header.pixel.itemsize
+
+        def on_result(result: ChunkResult) -> None:  # on the device thread
+            array = result.device if result.device is not None else result.host
+            hook(
+                HookChunk(
+                    ref.bucket, ref.key, ref.etag, header.sop_instance_uid, shape, dtype,
+                    first_element, elements, result.backend, array,
+                )
+            )  # fmt: skip
+
     job = ChunkJob(
         data=pixels,
         fmt=header.pixel,
-        transform=header.transform(ctx.settings.window, ctx.settings.output_dtype),
+        transform=transform,
         first_element=first_element,
         on_consumed=slot.release_threadsafe,
+        keep_on_device=ctx.hook is not None,
+        want_host=ctx.settings.sink != "none",
+        on_result=on_result,
     )
     result = await ctx.device.process(job)
-    if result.host is None:
-        raise AssertionError("the device stage returned no host values")
     return result.host
 
 
@@ -207,6 +253,7 @@ async def _large(
     hasher = hashlib.sha256(memoryview(prefix)[: header.pixel_offset])
     del prefix
     chunks = chunk_pixels(header.pixel_offset, header.pixel, ctx.settings.part_size)
+    target = Target(ref, head)
     pixel_end = header.pixel_offset + header.pixel_length
     trailer = split_range(pixel_end, head.size, ctx.settings.part_size)
     t = time.perf_counter()
@@ -216,7 +263,7 @@ async def _large(
     ):
         index = 0
         async for slot, view in reads:
-            await _consume_chunk(ctx, header, hasher, out, chunks[index], slot, view)
+            await _consume_chunk(ctx, target, header, hasher, out, chunks[index], slot, view)
             index += 1
     async with _ordered_reads(ctx, ref, head, trailer) as reads:
         async for slot, view in reads:
@@ -230,9 +277,10 @@ async def _large(
 
 async def _consume_chunk(
     ctx: Context,
+    target: Target,
     header: DicomHeader,
     hasher: hashlib._Hash,
-    out: ArrayWriter,
+    out: ArrayWriter | DiscardWriter,
     chunk: PixelChunk,
     slot: Slot,
     view: memoryview,
@@ -247,7 +295,7 @@ async def _consume_chunk(
         async with anyio.create_task_group() as group:
             group.start_soon(anyio.to_thread.run_sync, hasher.update, view)
             try:
-                values = await _device(ctx, header, slot, view, chunk.first_element)
+                values = await _device(ctx, target, header, slot, view, chunk.first_element)
             except Exception as exc:  # raised below as it is, not wrapped in a group
                 failure = exc
     finally:

@@ -26,8 +26,10 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def sidecar(done: Processed, window: tuple[float, float] | None, dtype: str) -> dict[str, Any]:
-    """The sidecar JSON, also published on the results topic."""
+def sidecar(
+    done: Processed, window: tuple[float, float] | None, dtype: str, written: bool = True
+) -> dict[str, Any]:
+    """The sidecar JSON, also published on the results topic (``output`` null with no sink)."""
     h = done.header
     t = done.timings
     return {
@@ -39,7 +41,7 @@ def sidecar(done: Processed, window: tuple[float, float] | None, dtype: str) -> 
             "size": done.head.size,
             "sha256": done.sha256,
         },
-        "output": {"npy": done.output_key, "json": done.sidecar_key},
+        "output": {"npy": done.output_key, "json": done.sidecar_key} if written else None,
         "study_instance_uid": h.study_instance_uid,
         "series_instance_uid": h.series_instance_uid,
         "sop_instance_uid": h.sop_instance_uid,

@@ -46,6 +46,8 @@ class Settings:
     output_dtype: OutputDtype = "float32"
     device: Device = "auto"
     audit_key_id: str = "local-1"
+    sink: Literal["s3", "none"] = "s3"
+    hook: str | None = None
     # Tuning: byte ranges, the pinned ring, concurrency and batching.
     part_size: int = 8 * MiB
     ring_slots: int = 32
@@ -184,6 +186,8 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "output_dtype": _parse_choice("output_dtype", ("float32", "float16")),
     "device": _parse_choice("device", ("auto", "cuda", "cpu")),
     "audit_key_id": _parse_nonempty("audit_key_id"),
+    "sink": _parse_choice("sink", ("s3", "none")),
+    "hook": lambda raw: raw.strip() or None,
     "part_size": _parse_int("part_size", 64 * 1024, 1024 * MiB),
     "ring_slots": _parse_int("ring_slots", 2, 4096),
     "fetch_concurrency": _parse_int("fetch_concurrency", 1, 512),

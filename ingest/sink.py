@@ -115,8 +115,10 @@ class ArrayWriter:
             await self._abort()
         return None
 
-    async def write(self, values: np.ndarray) -> None:
+    async def write(self, values: np.ndarray | None) -> None:
         """Append output values (any shape, C order, the writer's dtype)."""
+        if values is None:
+            raise _PermanentSinkError("no host values to write (the device kept them)")
         self._raise_failed_part()
         data = np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
         if self._written + len(data) > self.payload:
@@ -174,6 +176,19 @@ class ArrayWriter:
                 await self._sink._abort_upload(self._key, self._upload.upload_id)
 
 
+class DiscardWriter:
+    """The writer of ``DICOM_INGEST_SINK=none``: arrays stay where they are (a hook has them)."""
+
+    async def __aenter__(self) -> DiscardWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    async def write(self, values: np.ndarray | None) -> None:
+        return None
+
+
 class OutputSink:
     """Writes outputs to the output bucket through an aiobotocore S3 client."""
 
@@ -182,7 +197,9 @@ class OutputSink:
         self.settings = settings
         self.parts_in_flight = parts_in_flight
 
-    def array(self, key: str, shape: tuple[int, ...], dtype: str) -> ArrayWriter:
+    def array(self, key: str, shape: tuple[int, ...], dtype: str) -> ArrayWriter | DiscardWriter:
+        if self.settings.sink == "none":
+            return DiscardWriter()
         return ArrayWriter(self, key, shape, dtype)
 
     async def put(self, key: str, body: bytes, content_type: str) -> None:

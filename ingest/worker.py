@@ -46,6 +46,7 @@ from ingest.device import DeviceStage
 from ingest.errors import BrokerError, IngestError, NotificationError, ProcessingError
 from ingest.fetch import S3Source
 from ingest.health import Health, probe, serve
+from ingest.hooks import load_hook
 from ingest.kafka import Publisher, commit, make_consumer, make_producer
 from ingest.notifications import ObjectRef, RecentObjects, parse_notification
 from ingest.offsets import OffsetTracker, Partition
@@ -167,7 +168,9 @@ class Worker:
             stack.push_async_callback(_close, self._consumer.stop)  # leaves the group
             stage = DeviceStage(thread, s)
             fetch_limit = anyio.CapacityLimiter(s.fetch_concurrency)
-            self._ctx = Context(s, source, OutputSink(source.client, s), ring, stage, fetch_limit)
+            hook = load_hook(s.hook) if s.hook else None
+            sink = OutputSink(source.client, s)
+            self._ctx = Context(s, source, sink, ring, stage, fetch_limit, hook)
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
                 services.start_soon(self._commit_loop)
@@ -263,8 +266,10 @@ class Worker:
         assert self._publisher is not None
         try:
             done = await process_object(self._ctx, ref)
-            document = sidecar(done, self.settings.window, self.settings.output_dtype)
-            await self._ctx.sink.put_json(done.sidecar_key, document)
+            written = self.settings.sink == "s3"
+            document = sidecar(done, self.settings.window, self.settings.output_dtype, written)
+            if written:
+                await self._ctx.sink.put_json(done.sidecar_key, document)
         except IngestError as exc:
             await self._fail(progress, ref, exc)
             return

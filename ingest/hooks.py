@@ -1,0 +1,61 @@
+"""User hooks: hand each preprocessed chunk to the user's code, on the GPU when there is one.
+
+Set ``DICOM_INGEST_HOOK=package.module:callable``. The callable receives a
+``HookChunk`` for every output chunk, on the device thread, right after the
+chunk's kernel: ``array`` is a CuPy array on the worker's device (a NumPy array
+on the CPU backend) holding ``elements`` values of the object's output, starting
+at flat index ``first_element`` of ``shape``. Small objects arrive as one
+chunk; large ones as several, in order. The hook runs on the thread that owns
+the device, so it may launch CuPy work (or hand the array to PyTorch through
+DLPack without a copy); it should be quick, because the next chunk waits for
+it. What it raises dead-letters the object (reason ``processing``).
+
+With ``DICOM_INGEST_SINK=none`` nothing is written to S3 and the arrays never
+leave the GPU: the real-time analysis case. The result event and the audit
+record are still published.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ingest.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class HookChunk:
+    bucket: str
+    key: str
+    etag: str
+    sop_instance_uid: str | None
+    shape: tuple[int, ...]
+    dtype: str
+    first_element: int
+    elements: int
+    backend: str
+    array: Any  # cupy.ndarray on CUDA, numpy.ndarray on CPU; 1-D, output order
+
+
+Hook = Callable[[HookChunk], None]
+
+
+def load_hook(spec: str) -> Hook:
+    """Import ``module:attribute`` and check it is callable.
+
+    Raises:
+        ConfigError: the module or attribute is missing, or not callable.
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"DICOM_INGEST_HOOK: expected 'module:callable', got {spec!r}")
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"DICOM_INGEST_HOOK: cannot load {spec!r}: {exc}") from exc
+    if not callable(target):
+        raise ConfigError(f"DICOM_INGEST_HOOK: {spec!r} is not callable")
+    hook: Hook = target
+    return hook

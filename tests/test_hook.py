@@ -1,0 +1,65 @@
+"""A user hook gets every output chunk on the device thread; with no sink nothing is written."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from gpu.thread import cuda_unavailable_reason
+from ingest.samples import synthetic_ct_series, synthetic_multiframe
+from ingest.stack import Stack
+from tests import harness, hook_probe
+from tests.reference import reference_array
+from tests.test_worker import aws_environment
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(120)]
+__all__ = ["aws_environment"]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(cuda_unavailable_reason() is not None, reason="no CUDA"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(stack: Stack, device: str) -> None:
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    objects = dict(synthetic_ct_series(2, rows=64, columns=64))
+    objects["big/mf.dcm"] = synthetic_multiframe(9, 96, 128)  # several 64 KiB chunks
+    await harness.upload(stack, names.source_bucket, objects.items())
+    await harness.publish(
+        stack,
+        names.source_topic,
+        [harness.aws_notification(names.source_bucket, [k]) for k in objects],
+    )
+    hook_probe.CHUNKS.clear()
+    settings = harness.make_settings(
+        stack, names, device=device, sink="none", hook="tests.hook_probe:collect"
+    )
+    run = await harness.run_worker(settings, stop_after=len(objects))
+    assert all(o.processed for o in run.outcomes)
+    assert {"dicom-ingest-device"} == hook_probe.THREADS
+    for key, data in objects.items():
+        chunks = sorted(
+            (c for c in hook_probe.CHUNKS if c[0].key == key), key=lambda c: c[0].first_element
+        )
+        assert chunks, key
+        assert {c[0].backend for c in chunks} == {device}
+        values = np.concatenate([host for _, host in chunks])
+        expected = reference_array(data, None, "float32")
+        assert chunks[0][0].shape == expected.shape
+        assert values.tobytes() == expected.ravel().tobytes(), key
+    results = await harness.read_json_topic(stack, names.results_topic)
+    assert len(results) == len(objects)
+    assert all(r["output"] is None for r in results)
+    async with harness.s3_client(stack) as s3:
+        listing = await s3.list_objects_v2(Bucket=names.output_bucket)
+    assert listing.get("KeyCount", 0) == 0  # nothing left the device
