@@ -26,10 +26,11 @@ test: lint typecheck
 	$(BIN)/python -m pytest -m 'not slow'
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	$(BIN)/dicom-ingest bench
 
 chaos: $(STAMP)
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -m slow -s
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -281,7 +281,8 @@ def _key(parent: dict[str, Any], path: str, *, url_encoded: bool) -> str:
 # -- repeats and order ---------------------------------------------------------
 
 
-def _identity(ref: ObjectRef) -> tuple[str, str, str, str] | None:
+def object_identity(ref: ObjectRef) -> tuple[str, str, str, str] | None:
+    """(bucket, key, kind, token) naming one object version; None when nothing names it."""
     for kind, token in (("v", ref.version_id), ("e", ref.etag), ("s", ref.sequencer)):
         if token is not None:
             return (ref.bucket, ref.key, kind, token)
@@ -333,7 +334,7 @@ class RecentObjects:
         key, so it is never called a repeat (outputs are idempotent anyway).
         """
         self._note_sequencer(ref)
-        ident = _identity(ref)
+        ident = object_identity(ref)
         if ident is None:
             return False
         if ident in self._seen:
@@ -343,6 +344,12 @@ class RecentObjects:
         if len(self._seen) > self._capacity:
             self._seen.popitem(last=False)
         return False
+
+    def contains(self, ref: ObjectRef) -> bool:
+        """True if this version was recorded; records nothing (notes its sequencer)."""
+        self._note_sequencer(ref)
+        ident = object_identity(ref)
+        return ident is not None and ident in self._seen
 
     def stale(self, ref: ObjectRef) -> bool:
         """True when a later sequencer for the same bucket/key was already recorded."""

@@ -48,7 +48,7 @@ from ingest.fetch import S3Source
 from ingest.health import Health, probe, serve
 from ingest.hooks import load_hook
 from ingest.kafka import Publisher, commit, make_consumer, make_producer
-from ingest.notifications import ObjectRef, RecentObjects, parse_notification
+from ingest.notifications import ObjectRef, RecentObjects, object_identity, parse_notification
 from ingest.offsets import OffsetTracker, Partition
 from ingest.pipeline import Context, Processed, process_object
 from ingest.results import dead_letter, failure_event, record_summary, sidecar, success_event
@@ -104,6 +104,7 @@ class Worker:
         self._on_outcome = on_outcome
         self._tracker = OffsetTracker()
         self._recent = RecentObjects()
+        self._running: dict[tuple[str, str, str, str], anyio.Event] = {}
         self._trail = AuditTrail(settings.audit_key, settings.audit_key_id, settings.worker_id)
         self._audit_lock = anyio.Lock()
         self._changed = anyio.Event()
@@ -233,19 +234,39 @@ class Worker:
             self._spawn(objects, self._fail(progress, None, exc))
             return
         self.stats.skipped_events += note.skipped
-        fresh = []
+        fresh, waiting = [], []
         for ref in note.objects:
-            if self._recent.stale(ref) or self._recent.seen(ref):
-                self.stats.duplicates += 1
+            ident = object_identity(ref)
+            if ident is not None and ident in self._running:
+                waiting.append(self._running[ident])  # a repeat of an object in flight
+            elif self._recent.stale(ref) or self._recent.contains(ref):
+                self.stats.duplicates += 1  # finished before: nothing to do
             else:
                 fresh.append(ref)
-        if not fresh:
+        if not fresh and not waiting:
             self._finish(progress)
             return
-        progress.remaining = len(fresh)
+        progress.remaining = len(fresh) + len(waiting)
+        for done in waiting:
+            self.stats.duplicates += 1
+            self._spawn(objects, self._after(done, progress))
         for ref in fresh:
             self.stats.objects += 1
-            self._spawn(objects, self._object(progress, ref))
+            ident = object_identity(ref)
+            finished = anyio.Event()
+            if ident is not None:  # registered now, so a repeat in this same poll sees it
+                self._running[ident] = finished
+            self._spawn(objects, self._object(progress, ref, ident, finished))
+
+    async def _after(self, original: anyio.Event, progress: _RecordProgress) -> None:
+        """A repeat finishes only when the object it repeats has finished durably.
+
+        Finishing it at once could commit its offset while the original's
+        offset (revoked and redelivered meanwhile) is forgotten: a crash then
+        would lose the object.
+        """
+        await original.wait()
+        self._finish(progress)
 
     def _spawn(self, objects: TaskGroup, work: Coroutine[Any, Any, None]) -> None:
         """Start one object task; intake pauses while ``max_objects_in_flight`` are running."""
@@ -261,7 +282,22 @@ class Worker:
         self._in_flight += 1
         objects.start_soon(run)
 
-    async def _object(self, progress: _RecordProgress, ref: ObjectRef) -> None:
+    async def _object(
+        self,
+        progress: _RecordProgress,
+        ref: ObjectRef,
+        ident: tuple[str, str, str, str] | None,
+        finished: anyio.Event,
+    ) -> None:
+        try:
+            await self._handle(progress, ref)
+            self._recent.seen(ref)  # only what finished durably counts as seen
+            finished.set()  # repeats waiting on it may finish too
+        finally:
+            if ident is not None:
+                del self._running[ident]
+
+    async def _handle(self, progress: _RecordProgress, ref: ObjectRef) -> None:
         assert self._ctx is not None
         assert self._publisher is not None
         try:

@@ -177,6 +177,11 @@ def load_json(data: bytes) -> dict[str, Any]:
     return document
 
 
+def md5(data: bytes) -> str:
+    """The ETag S3 gives an object uploaded in one PUT."""
+    return hashlib.md5(data).hexdigest()
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

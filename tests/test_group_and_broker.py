@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 import ingest.worker
 from ingest.notifications import ObjectRef
@@ -163,7 +163,7 @@ async def test_broker_killed_and_restarted_mid_run(durable_stack: Stack) -> None
         await halfway.wait()
         assert worker.health_port is not None
         stack.kafka.kill()
-        with anyio.fail_after(30):  # the outage shows on /readyz while it lasts
+        with anyio.fail_after(60):  # the outage shows on /readyz while it lasts
             while True:
                 status, body = await anyio.to_thread.run_sync(readyz, worker.health_port)
                 problems = body.get("problems")
@@ -196,3 +196,52 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+async def test_a_repeat_is_not_committed_before_the_object_it_repeats_finished(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same object version announced on two partitions (S3 repeats notifications).
+
+    The repeat must not finish (so its partition must not commit) while the
+    original is still in flight: if the original's offset were lost to a
+    rebalance, a crash then would lose the object.
+    """
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names, partitions=2)
+    [(key, data)] = synthetic_ct_series(1, rows=32, columns=32)
+    await harness.upload(stack, names.source_bucket, [(key, data)])
+    record = json.loads(harness.aws_notification(names.source_bucket, [key]))
+    record["Records"][0]["s3"]["object"]["eTag"] = harness.md5(data)
+    message = json.dumps(record).encode()
+    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka.bootstrap, acks="all")
+    await producer.start()
+    try:
+        for partition in (0, 1):
+            await producer.send_and_wait(names.source_topic, message, partition=partition)
+    finally:
+        await producer.stop()
+    release = anyio.Event()
+    started = anyio.Event()
+    real = ingest.worker.process_object
+
+    async def held(ctx: Context, ref: ObjectRef) -> Processed:
+        started.set()
+        await release.wait()
+        return await real(ctx, ref)
+
+    monkeypatch.setattr(ingest.worker, "process_object", held)
+    settings = harness.make_settings(stack, names)
+    worker = Worker(settings)
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        await started.wait()
+        await anyio.sleep(2.0)  # time enough for a premature commit to happen
+        assert await group_lag(stack, names, partitions=2) == 2  # neither copy committed
+        assert worker.stats.duplicates == 1
+        release.set()
+        with anyio.fail_after(30):
+            while await group_lag(stack, names, partitions=2):  # noqa: ASYNC110 - broker state
+                await anyio.sleep(0.2)
+        worker.stop()
+    assert worker.stats.processed == 1
