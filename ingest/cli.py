@@ -177,20 +177,21 @@ def _run(func: object, *args: object) -> int:
 
 
 async def _worker(settings: Settings) -> int:
-    from ingest.worker import Worker
+    # The receiver goes in before the heavy imports, so an early SIGTERM also drains cleanly.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        from ingest.worker import Worker
 
-    worker = Worker(settings)
-    async with anyio.create_task_group() as group:
+        worker = Worker(settings)
+        async with anyio.create_task_group() as group:
 
-        async def on_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async def on_signals() -> None:
                 async for signum in signals:
                     log.info("signal received; draining", signal=signal.Signals(signum).name)
                     worker.stop()
 
-        group.start_soon(on_signals)
-        await worker.run()
-        group.cancel_scope.cancel()
+            group.start_soon(on_signals)
+            await worker.run()
+            group.cancel_scope.cancel()
     return 0
 
 
