@@ -4,10 +4,11 @@ Against the embedded stack (SeaweedFS + Tansu started here) or an S3 endpoint
 and broker given on the command line (credentials from the standard AWS
 variables). For each workload (``ct``, ``large``, ``mix``) it runs, in order:
 the ceilings (``curl``, ``threads``, ``kvikio-raw``), the ``naive`` path,
-``kvikio`` (GPU only) and ``ours`` (the real worker through the broker), each
-with one warm-up pass that is discarded and ``repeats`` measured passes; then,
-with ``--sweep``, ours on the large object across part sizes and fetch
-concurrencies. It writes a JSON file with every figure, prints the tables of
+``kvikio`` (GPU only), ``ours`` (the real worker through the broker, S3 sink
+on) and ``ours-hook`` (sink off, arrays handed to a no-op user hook on the
+device), each with one warm-up pass that is discarded and ``repeats`` measured
+passes; then, with ``--sweep``, ours on the large object across part sizes and
+fetch concurrencies. It writes a JSON file with every figure, prints the tables of
 ratios and targets, and draws PNG plots when matplotlib is installed.
 
 Modules: ``bench_workloads`` (objects), ``bench_readers`` (CPU references),
@@ -36,10 +37,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ingest import bench_gpu
-from ingest.bench_measure import GB, Meter, MiB, load_watch, machine_info, summarize
-from ingest.bench_ours import HOOK_MODE_NOTE, OursRunner
+from ingest.bench_measure import Meter, MiB, load_watch, machine_info, summarize
+from ingest.bench_ours import HOOK_SPEC, OursRunner
 from ingest.bench_readers import CurlReader, NaiveReader, Reader, ThreadsReader, curl_missing
-from ingest.bench_report import plots, print_tables, ratios, targets, write_json
+from ingest.bench_report import method, notes, plots, print_tables, ratios, targets, write_json
 from ingest.bench_workloads import (
     BenchObject,
     S3Target,
@@ -52,7 +53,8 @@ from ingest.settings import Settings, load_settings
 from ingest.stack import Stack, create_topics, embedded_stack, weed_bin
 
 WORKLOADS = ("ct", "large", "mix")
-READERS = ("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours")
+READERS = ("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours", "ours-hook")
+OURS_MODES = {"ours": {"SINK": "s3"}, "ours-hook": {"SINK": "none", "HOOK": HOOK_SPEC}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,7 @@ class BenchConfig:
     sweep: bool = False
     sweep_parts_mb: tuple[int, ...] = (1, 4, 8, 16, 32)
     sweep_concurrency: tuple[int, ...] = (4, 8, 16, 32)
+    sweep_mode: str = "ours-hook"  # or "ours" (sink on)
     device: str = "auto"
     plots: bool = True
     worker_settings: tuple[tuple[str, str], ...] = ()  # extra DICOM_INGEST_* for ours
@@ -107,7 +110,13 @@ def _target(config: BenchConfig, stack: Stack | None, token: str) -> S3Target:
 
 
 def _settings(
-    config: BenchConfig, target: S3Target, bootstrap: str, token: str, label: str, **tune: int
+    config: BenchConfig,
+    target: S3Target,
+    bootstrap: str,
+    token: str,
+    label: str,
+    mode: str,
+    **tune: int,
 ) -> Settings:
     env = {
         "DICOM_INGEST_KAFKA_BOOTSTRAP": bootstrap,
@@ -128,6 +137,7 @@ def _settings(
         "DICOM_INGEST_PART_SIZE": str(tune.get("part", config.part_mb * MiB)),
         "DICOM_INGEST_FETCH_CONCURRENCY": str(tune.get("concurrency", config.concurrency)),
     }
+    env.update({f"DICOM_INGEST_{k}": v for k, v in OURS_MODES[mode].items()})
     env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in config.worker_settings})
     return load_settings(env)
 
@@ -180,6 +190,7 @@ async def _run_ours(
     bootstrap: str,
     token: str,
     label: str,
+    mode: str,
     objects: tuple[BenchObject, ...],
     warmup: tuple[BenchObject, ...],
     repeats: int,
@@ -187,7 +198,7 @@ async def _run_ours(
     pids: list[int],
     **tune: int,
 ) -> dict[str, Any]:
-    settings = _settings(config, target, bootstrap, token, label, **tune)
+    settings = _settings(config, target, bootstrap, token, f"{label}-{mode}", mode, **tune)
     await anyio.to_thread.run_sync(create_topics, bootstrap, [settings.source_topic])
     runner = OursRunner(settings, target.source_bucket, pids)
     result = await runner.measure(objects, warmup, repeats, paced)
@@ -196,7 +207,7 @@ async def _run_ours(
         "fetch_concurrency": settings.fetch_concurrency,
         "max_objects_in_flight": settings.max_objects_in_flight,
         "output_dtype": settings.output_dtype, "device": settings.device,
-        "backend": runner.worker.backend, "sink": "s3",
+        "backend": runner.worker.backend, "sink": settings.sink, "hook": settings.hook,
     }  # fmt: skip
     return result
 
@@ -235,7 +246,7 @@ async def run_bench(
         pids = [running.s3.pid, running.kafka.pid] if running else []
         gpu = bench_gpu.gpu_name()
         report["machine"] = machine_info(gpu, weed_bin() if running else None)
-        report["method"] = _method(config)
+        report["method"] = method(config.repeats, config.concurrency, config.part_mb, HOOK_SPEC)
         with (
             load_watch(report.setdefault("load", {})),
             tempfile.TemporaryDirectory(prefix="dicom-ingest-bench-") as tmp,
@@ -258,14 +269,11 @@ async def run_bench(
                 results: dict[str, Any] = report["results"].setdefault(name, {})
                 for reader_name in config.readers:
                     steps.label(f"{name}: {reader_name}")
-                    if reader_name == "ours":
-                        results["ours"] = await _run_ours(
-                            config, target, bootstrap, token, name, workload.objects,
+                    if reader_name in OURS_MODES:
+                        results[reader_name] = await _run_ours(
+                            config, target, bootstrap, token, name, reader_name, workload.objects,
                             workload.objects, config.repeats, name == "ct", pids,
                         )  # fmt: skip
-                        results["ours-hook"] = _skipped(
-                            "missing", HOOK_MODE_NOTE, "no hook mode yet"
-                        )
                     else:
                         reader = _make_reader(reader_name, config, target)
                         if isinstance(reader, dict):
@@ -283,7 +291,7 @@ async def run_bench(
     report["finished"] = datetime.now(UTC).isoformat()
     report["ratios"] = ratios(report)
     report["targets"] = targets(report)
-    report["notes"] = _notes(report, config)
+    report["notes"] = notes(report)
     _write(report, config, started, console)
     return report
 
@@ -299,7 +307,10 @@ async def _sweeps(
     steps: _Steps,
 ) -> dict[str, Any]:
     """Ours on the large object: one measured pass per point, after a one-slice warm-up."""
-    out: dict[str, Any] = {"method": "ours on the large object; warm-up: one CT slice; 1 pass"}
+    out: dict[str, Any] = {
+        "method": f"{config.sweep_mode} on the large object; warm-up: one CT slice; 1 pass",
+        "mode": config.sweep_mode,
+    }
     axes: list[tuple[str, tuple[int, ...], Callable[[int], dict[str, int]]]] = [
         ("part_size", config.sweep_parts_mb, lambda v: {"part": v * MiB}),
         ("concurrency", config.sweep_concurrency, lambda v: {"concurrency": v}),
@@ -309,11 +320,11 @@ async def _sweeps(
         for value in values:
             steps.label(f"sweep {axis} = {value}")
             result = await _run_ours(
-                config, target, bootstrap, token, f"sweep-{axis}-{value}", large.objects, warm,
-                1, False, pids, **tune(value),
+                config, target, bootstrap, token, f"sweep-{axis}-{value}", config.sweep_mode,
+                large.objects, warm, 1, False, pids, **tune(value),
             )  # fmt: skip
             run = result["runs"][0]
-            keep = ("gb_per_s", "cpu_s_per_gb", "peak_rss_bytes", "load_1m")
+            keep = ("gb_per_s", "cpu_s_per_gb", "peak_rss_bytes", "other_cpu_share")
             point = {"value": value, "ring_bytes": result["ring_bytes"]}
             points.append(point | {k: run[k] for k in keep})
             steps.done()
@@ -334,41 +345,6 @@ def _h2d_reference(config: BenchConfig, has_gpu: bool) -> dict[str, Any]:
 def _count_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_parts_mb) + len(config.sweep_concurrency) if config.sweep else 0
     return len(config.workloads) * len(config.readers) + sweep
-
-
-def _method(config: BenchConfig) -> dict[str, str]:
-    return {
-        "repeats": f"{config.repeats} measured runs per reader and workload",
-        "warmup": "readers: one full run first, discarded; ours: one full pass first, discarded "
-        "(sweep points: one CT slice)",
-        "statistic": "ratios use the median of the measured runs on both sides; "
-        "'best' is the run with the highest GB/s",
-        "throughput": "source object bytes / seconds; ours: from the first notification "
-        "published to the last outcome reported",
-        "latency": "ours: Outcome callback time (after output, sidecar, acknowledged result "
-        "event and audit record) minus the time just before the notification was handed "
-        "to the producer; 'burst' publishes everything at once (includes queueing), "
-        "'paced' publishes at half the median burst rate",
-        "cpu": "process_time of this process (all threads, including the bench's own "
-        "publisher) + RUSAGE_CHILDREN (curl); server CPU apart as server_cpu_s",
-        "rss": "VmHWM reset via /proc/self/clear_refs before each run; ours is compared "
-        "with ring size = RING_SLOTS x PART_SIZE",
-        "ceiling": f"{config.concurrency} parallel {config.part_mb} MiB ranges",
-    }
-
-
-def _notes(report: dict[str, Any], config: BenchConfig) -> list[str]:
-    notes = [f"ours with the arrays left on the device for a user hook: {HOOK_MODE_NOTE}"]
-    load = report.get("load", {})
-    cores = report["machine"].get("cpu_count") or 1
-    peak = max(load.get("load_before", [0])[0], load.get("load_after", [0])[0])
-    if peak > cores:
-        notes.append(f"the machine was busy (1-min load {peak:.1f} on {cores} cores): rerun")
-    if not report.get("sweeps"):
-        notes.append("no sweep (run with --sweep for throughput vs part size and concurrency)")
-    total = sum(w["bytes"] for w in report.get("workloads", {}).values())
-    notes.append(f"{total / GB:.2f} GB of source objects; every figure from this one run")
-    return notes
 
 
 def _write(

@@ -27,7 +27,7 @@ import numpy as np
 from ingest.bench_workloads import S3Target, Workload
 
 MAX_READS_IN_FLIGHT = 64
-HEADER_PREFIX = 1 << 20
+HEADER_PREFIX = 64 * 1024  # grown while the parser asks for more
 
 
 def gpu_name() -> str | None:
@@ -80,8 +80,9 @@ def _configure_kvikio(part: int, threads: int) -> dict[str, Any]:
     import kvikio
     import kvikio.defaults
 
-    try:
-        kvikio.defaults.set({"num_threads": threads, "task_size": part})
+    try:  # one key at a time: some keys may not be set together in a dict
+        kvikio.defaults.set("num_threads", threads)
+        kvikio.defaults.set("task_size", part)
     except (AttributeError, TypeError, ValueError):
         reset_threads = getattr(kvikio.defaults, "num_threads_reset", None)
         reset_task = getattr(kvikio.defaults, "task_size_reset", None)

@@ -84,6 +84,19 @@ def process_cpu_s(pids: Sequence[int]) -> float:
     return total / tick
 
 
+def machine_busy_s() -> float:
+    """CPU-seconds the whole machine has been busy since boot (``/proc/stat``, all CPUs)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return 0.0
+    values = [int(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    guest = sum(values[8:10]) if len(values) > 9 else 0  # already inside user/nice
+    return (sum(values) - idle - guest) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass(slots=True)
 class Run:
     """One measured run of one reader on one workload."""
@@ -98,6 +111,7 @@ class Run:
     child_peak_rss_bytes: int = 0
     rss_before_bytes: int = 0
     load_1m: float = 0.0
+    other_cpu_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,6 +132,10 @@ class Run:
             "child_peak_rss_bytes": self.child_peak_rss_bytes,
             "rss_before_bytes": self.rss_before_bytes,
             "load_1m": self.load_1m,
+            "other_cpu_s": self.other_cpu_s,
+            "other_cpu_share": (
+                self.other_cpu_s / (self.seconds * (os.cpu_count() or 1)) if self.seconds else 0.0
+            ),
             **self.extra,
         }
 
@@ -132,10 +150,10 @@ class Meter:
     def __init__(self, server_pids: Sequence[int] = ()) -> None:
         self._pids = list(server_pids)
         self.reset_ok = False
-        self._start = self._cpu = self._child = self._server = 0.0
+        self._start = self._cpu = self._child = self._server = self._busy = 0.0
         self._rss_before = 0
         self._end: float | None = None
-        self._cpu_end = self._child_end = self._server_end = 0.0
+        self._cpu_end = self._child_end = self._server_end = self._busy_end = 0.0
 
     def __enter__(self) -> Meter:
         self.reset_ok = reset_peak_rss()
@@ -143,6 +161,7 @@ class Meter:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         self._child = children.ru_utime + children.ru_stime
         self._server = process_cpu_s(self._pids)
+        self._busy = machine_busy_s()
         self._cpu = time.process_time()
         self._start = time.perf_counter()
         return self
@@ -153,9 +172,12 @@ class Meter:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         self._child_end = children.ru_utime + children.ru_stime
         self._server_end = process_cpu_s(self._pids)
+        self._busy_end = machine_busy_s()
 
     def result(self, nbytes: int, objects: int, seconds: float | None = None) -> Run:
         assert self._end is not None, "result() before the run ended"
+        ours = (self._cpu_end - self._cpu) + (self._child_end - self._child)
+        server = self._server_end - self._server
         return Run(
             seconds=seconds if seconds is not None else self._end - self._start,
             bytes=nbytes,
@@ -167,6 +189,7 @@ class Meter:
             child_peak_rss_bytes=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
             rss_before_bytes=self._rss_before,
             load_1m=os.getloadavg()[0],
+            other_cpu_s=max(0.0, self._busy_end - self._busy - ours - server),
         )
 
 

@@ -14,7 +14,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ingest.bench_measure import GB
+
 CEILINGS = ("curl", "threads", "kvikio-raw")
+BUSY_SHARE = 0.15  # other processes' share of all cores above which a run is called disturbed
+MODES = ("ours", "ours-hook")
 
 
 def _median(report: dict[str, Any], workload: str, reader: str, key: str) -> float | None:
@@ -30,31 +34,37 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """ours / fastest ceiling, ours / naive, ours / kvikio-raw, ours / kvikio per workload."""
+    """Per workload and mode of ours: / fastest ceiling, / naive, / kvikio-raw, / kvikio."""
     rows = []
     for workload in report["results"]:
-        ours = _median(report, workload, "ours", "gb_per_s")
         ceilings = {c: _median(report, workload, c, "gb_per_s") for c in CEILINGS}
         present = {c: v for c, v in ceilings.items() if v is not None}
         fastest = max(present, key=lambda c: present[c]) if present else None
-        rows.append(
-            {
-                "workload": workload,
-                "ours_gb_per_s": ours,
-                "fastest_ceiling": fastest,
-                "ours_over_ceiling": _ratio(ours, present.get(fastest) if fastest else None),
-                "ours_over_naive": _ratio(ours, _median(report, workload, "naive", "gb_per_s")),
-                "ours_over_kvikio_raw": _ratio(
-                    ours, _median(report, workload, "kvikio-raw", "gb_per_s")
-                ),
-                "ours_over_kvikio": _ratio(ours, _median(report, workload, "kvikio", "gb_per_s")),
-            }
-        )
+        for mode in MODES:
+            ours = _median(report, workload, mode, "gb_per_s")
+            if ours is None:
+                continue
+            rows.append(
+                {
+                    "workload": workload,
+                    "mode": mode,
+                    "ours_gb_per_s": ours,
+                    "fastest_ceiling": fastest,
+                    "ours_over_ceiling": _ratio(ours, present.get(fastest) if fastest else None),
+                    "ours_over_naive": _ratio(ours, _median(report, workload, "naive", "gb_per_s")),
+                    "ours_over_kvikio_raw": _ratio(
+                        ours, _median(report, workload, "kvikio-raw", "gb_per_s")
+                    ),
+                    "ours_over_kvikio": _ratio(
+                        ours, _median(report, workload, "kvikio", "gb_per_s")
+                    ),
+                }
+            )
     return rows
 
 
-def _ours(report: dict[str, Any], workload: str) -> dict[str, Any]:
-    entry: dict[str, Any] = report["results"].get(workload, {}).get("ours", {})
+def _ours(report: dict[str, Any], workload: str, mode: str) -> dict[str, Any]:
+    entry: dict[str, Any] = report["results"].get(workload, {}).get(mode, {})
     return entry if entry.get("status") == "ok" else {}
 
 
@@ -72,48 +82,51 @@ def _target(
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 4 with the figure measured here and met / missed / n/a."""
+    """Each target of issue 4, for each mode of ours, with met / missed / n/a here."""
     here = "gpu" if report["machine"].get("gpu") else "cpu"
-    by = {r["workload"]: r for r in report["ratios"]}
-    large, ct = by.get("large", {}), by.get("ct", {})
-    out = []
+    out: list[dict[str, Any]] = []
 
     def add(name: str, scope: str, value: float | None, goal: str, ok: Any, unit: str) -> None:
         judged = None if value is None else bool(ok)
         out.append(_target(name, scope, value, goal, judged, here, unit))
 
-    v = large.get("ours_over_kvikio_raw")
-    add("large: ours / KvikIO raw read", "gpu", v, ">= 1.0", v is not None and v >= 1.0, "x")
-    v = large.get("ours_over_naive")
-    add("large: ours / naive", "gpu", v, ">= 15", v is not None and v >= 15, "x")
-    v = large.get("ours_over_ceiling")
-    add("large: ours / fastest raw reader", "cpu", v, ">= 0.8", v is not None and v >= 0.8, "x")
-    v = _median(report, "ct", "ours", "objects_per_s")
-    add("CT: ours objects/s", "gpu", v, ">= 2000", v is not None and v >= 2000, "obj/s")
-    paced = _ours(report, "ct").get("latency_paced", {})
-    v = paced.get("p99_ms")
-    add("CT: p99 latency at half the rate", "gpu", v, "< 50", v is not None and v < 50, "ms")
-    h2d = _ours(report, "large").get("h2d", {}).get("gb_per_s")
     ref = report.get("h2d_reference", {}).get("part", {}).get("gb_per_s")
-    v = _ratio(h2d, ref)
-    add("large: our H2D / plain pinned copy", "gpu", v, ">= 0.9", v is not None and v >= 0.9, "x")
-    v = _median(report, "large", "ours", "cpu_s_per_gb")
-    add("large: CPU core-seconds per GB", "any", v, "<= 0.5", v is not None and v <= 0.5, "s/GB")
-    o = _ours(report, "large")
-    over = None
-    if o:
-        over = (float(o["median"]["peak_rss_bytes"]) - float(o["ring_bytes"])) / 1e6
-    ok = over is not None and over <= 300
-    add("large: peak RSS - ring size", "any", over, "<= 300", ok, "MB")
-    allocs = [
-        sum(_ours(report, w).get("steady_state_allocations", {}).values())
-        for w in report["results"]
-        if _ours(report, w)
-    ]
-    v = float(sum(allocs)) if allocs else None
-    add("steady-state pinned/device allocations", "any", v, "== 0", v == 0, "count")
-    add("2 GPUs / 1 GPU throughput", "gpu", None, ">= 1.8", False, "x")
-    del ct
+    for mode in MODES:
+        if not any(_ours(report, w, mode) for w in report["results"]):
+            continue
+        by = {r["workload"]: r for r in report["ratios"] if r["mode"] == mode}
+        large = by.get("large", {})
+        v = large.get("ours_over_kvikio_raw")
+        add(f"large: {mode} / KvikIO raw read", "gpu", v, ">= 1.0", v is not None and v >= 1, "x")
+        v = large.get("ours_over_naive")
+        add(f"large: {mode} / naive", "gpu", v, ">= 15", v is not None and v >= 15, "x")
+        v = large.get("ours_over_ceiling")
+        add(f"large: {mode} / fastest raw reader", "cpu", v, ">= 0.8", v is not None and v >= 0.8,
+            "x")  # fmt: skip
+        v = _median(report, "ct", mode, "objects_per_s")
+        add(f"CT: {mode} objects/s", "gpu", v, ">= 2000", v is not None and v >= 2000, "obj/s")
+        v = _ours(report, "ct", mode).get("latency_paced", {}).get("p99_ms")
+        add(f"CT: {mode} p99 at half the rate", "gpu", v, "< 50", v is not None and v < 50, "ms")
+        v = _ratio(_ours(report, "large", mode).get("h2d", {}).get("gb_per_s"), ref)
+        add(f"large: {mode} H2D / pinned copy", "gpu", v, ">= 0.9", v is not None and v >= 0.9,
+            "x")  # fmt: skip
+        v = _median(report, "large", mode, "cpu_s_per_gb")
+        add(f"large: {mode} CPU core-s per GB", "any", v, "<= 0.5", v is not None and v <= 0.5,
+            "s/GB")  # fmt: skip
+        o = _ours(report, "large", mode)
+        over = None
+        if o:
+            over = (float(o["median"]["peak_rss_bytes"]) - float(o["ring_bytes"])) / 1e6
+        ok = over is not None and over <= 300
+        add(f"large: {mode} peak RSS - ring", "any", over, "<= 300", ok, "MB")
+        allocs = [
+            sum(_ours(report, w, mode).get("steady_state_allocations", {}).values())
+            for w in report["results"]
+            if _ours(report, w, mode)
+        ]
+        v = float(sum(allocs)) if allocs else None
+        add(f"{mode}: steady-state pinned/device allocations", "any", v, "== 0", v == 0, "count")
+    add("2 GPUs / 1 GPU throughput (not in this bench)", "gpu", None, ">= 1.8", False, "x")
     return out
 
 
@@ -151,12 +164,12 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
             )  # fmt: skip
         console.print(table)
     ratio = Table(title="ours / reference (GB/s, medians)")
-    for column in ("workload", "ours GB/s", "fastest ceiling", "/ ceiling", "/ naive",
+    for column in ("workload", "mode", "GB/s", "fastest ceiling", "/ ceiling", "/ naive",
                    "/ kvikio-raw", "/ kvikio"):  # fmt: skip
-        ratio.add_column(column, justify="left" if column == "workload" else "right")
+        ratio.add_column(column, justify="left" if column in ("workload", "mode") else "right")
     for r in report["ratios"]:
         ratio.add_row(
-            r["workload"], _fmt(r["ours_gb_per_s"], 3), _fmt(r["fastest_ceiling"]),
+            r["workload"], r["mode"], _fmt(r["ours_gb_per_s"], 3), _fmt(r["fastest_ceiling"]),
             _fmt(r["ours_over_ceiling"]), _fmt(r["ours_over_naive"]),
             _fmt(r["ours_over_kvikio_raw"]), _fmt(r["ours_over_kvikio"]),
         )  # fmt: skip
@@ -172,6 +185,57 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
     console.print(goals)
     for note in report.get("notes", []):
         console.print(f"note: {note}")
+
+
+def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str, str]:
+    """How every figure was taken (written into the JSON)."""
+    return {
+        "repeats": f"{repeats} measured runs per reader and workload",
+        "warmup": "readers: one full run first, discarded; ours: one full pass first, discarded "
+        "(sweep points: one CT slice)",
+        "ours_modes": "ours: DICOM_INGEST_SINK=s3; ours-hook: DICOM_INGEST_SINK=none and "
+        f"DICOM_INGEST_HOOK={hook} (a no-op hook on the device thread)",
+        "statistic": "ratios use the median of the measured runs on both sides; "
+        "'best' is the run with the highest GB/s",
+        "throughput": "source object bytes / seconds; ours: from the first notification "
+        "published to the last outcome reported",
+        "latency": "ours: Outcome callback time (after output, sidecar, acknowledged result "
+        "event and audit record) minus the time just before the notification was handed "
+        "to the producer; 'burst' publishes everything at once (includes queueing), "
+        "'paced' publishes at half the median burst rate",
+        "cpu": "process_time of this process (all threads, including the bench's own "
+        "publisher) + RUSAGE_CHILDREN (curl); server CPU apart as server_cpu_s",
+        "rss": "VmHWM reset via /proc/self/clear_refs before each run; ours is compared "
+        "with ring size = RING_SLOTS x PART_SIZE",
+        "contention": "other_cpu_s = machine busy CPU (/proc/stat) during the run minus ours, "
+        "our children's and the servers'; other_cpu_share = that / (seconds x cores)",
+        "ceiling": f"{concurrency} parallel {part_mb} MiB ranges",
+    }
+
+
+def notes(report: dict[str, Any]) -> list[str]:
+    """Notes printed under the tables and kept in the JSON."""
+    out = [
+        "ours: the S3 sink on (.npy + sidecar written); ours-hook: DICOM_INGEST_SINK=none with "
+        "a no-op user hook (arrays stay on the device; nothing written to S3)"
+    ]
+    shares = [
+        float(run.get("other_cpu_share", 0.0))
+        for readers in report.get("results", {}).values()
+        for entry in readers.values()
+        for run in entry.get("runs", [])
+    ]
+    busiest = max(shares, default=0.0)
+    if busiest > BUSY_SHARE:
+        out.append(
+            f"other processes took up to {busiest:.0%} of the machine's CPU during a run "
+            f"(other_cpu_share in the JSON): figures are disturbed; rerun on a quiet machine"
+        )
+    if not report.get("sweeps"):
+        out.append("no sweep (run with --sweep for throughput vs part size and concurrency)")
+    total = sum(w["bytes"] for w in report.get("workloads", {}).values())
+    out.append(f"{total / GB:.2f} GB of source objects; every figure from this one run")
+    return out
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
@@ -193,7 +257,7 @@ def plots(report: dict[str, Any], out: Path) -> list[str]:
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([p["value"] for p in points], [p["gb_per_s"] for p in points], marker="o",
-                label="ours (large object)")  # fmt: skip
+                label=f"{sweeps.get('mode', 'ours')} (large object)")  # fmt: skip
         ceiling = max(
             (v for c in CEILINGS if (v := _median(report, "large", c, "gb_per_s")) is not None),
             default=None,
@@ -213,20 +277,22 @@ def plots(report: dict[str, Any], out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
     for workload in report["results"]:
-        ours = _ours(report, workload)
-        for kind in ("latency_burst", "latency_paced"):
-            values = ours.get(kind, {}).get("all_ms", [])
-            if len(values) < 2:
-                continue
-            ys = [(i + 1) / len(values) for i in range(len(values))]
-            ax.step(values, ys, where="post", label=f"{workload} ({kind.split('_')[1]})")
-            drawn = True
+        for mode in MODES:
+            ours = _ours(report, workload, mode)
+            for kind in ("latency_burst", "latency_paced"):
+                values = ours.get(kind, {}).get("all_ms", [])
+                if len(values) < 2:
+                    continue
+                ys = [(i + 1) / len(values) for i in range(len(values))]
+                label = f"{mode} {workload} ({kind.split('_')[1]})"
+                ax.step(values, ys, where="post", label=label)
+                drawn = True
     if drawn:
         ax.set_xscale("log")
         ax.set_xlabel("notification -> result (ms)")
         ax.set_ylabel("fraction of objects")
         ax.set_title("ours: latency CDF")
-        ax.legend()
+        ax.legend(fontsize="x-small")
         path = out / "latency_cdf.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)

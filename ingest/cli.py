@@ -80,8 +80,8 @@ def _bench_parser(commands: Any) -> None:
     add(
         "--readers",
         type=_csv_names,
-        default=("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours"),
-        help="curl,threads,kvikio-raw,naive,kvikio,ours",
+        default=("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours", "ours-hook"),
+        help="curl,threads,kvikio-raw,naive,kvikio,ours,ours-hook",
     )
     add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each)")
     add("--large-mb", type=int, default=1024, help="MiB of pixels in the large object")
@@ -91,6 +91,7 @@ def _bench_parser(commands: Any) -> None:
     add("--sweep", action="store_true", help="ours vs part size and vs fetch concurrency")
     add("--sweep-parts", type=_csv_ints, default=(1, 4, 8, 16, 32), help="MiB, for --sweep")
     add("--sweep-concurrency", type=_csv_ints, default=(4, 8, 16, 32), help="for --sweep")
+    add("--sweep-mode", choices=("ours-hook", "ours"), default="ours-hook", help="for --sweep")
     add("--device", choices=("auto", "cuda", "cpu"), default="auto")
     add("--no-plots", action="store_true", help="skip the PNG plots")
     add(
@@ -126,6 +127,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
         sweep=args.sweep,
         sweep_parts_mb=args.sweep_parts,
         sweep_concurrency=args.sweep_concurrency,
+        sweep_mode=args.sweep_mode,
         device=args.device,
         plots=not args.no_plots,
         worker_settings=tuple((name.strip(), value) for name, _, value in pairs),

@@ -24,7 +24,6 @@ describes the same output.
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
 import ctypes
 import io
@@ -178,26 +177,9 @@ def _die_with_parent() -> None:
 
 
 def worker_environment(stack: Stack, names: harness.Names, **overrides: str) -> dict[str, str]:
-    """The worker's environment: the stack, unique names, test timings, small parts."""
+    """A worker process's environment: ours without DICOM_INGEST_*, plus the test worker's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DICOM_INGEST_")}
-    env |= stack.endpoints.environment()
-    env |= {
-        "DICOM_INGEST_OUTPUT_URL": f"s3://{names.output_bucket}/out/",
-        "DICOM_INGEST_AUDIT_KEY": base64.b64encode(harness.AUDIT_KEY).decode(),
-        "DICOM_INGEST_SOURCE_TOPIC": names.source_topic,
-        "DICOM_INGEST_RESULTS_TOPIC": names.results_topic,
-        "DICOM_INGEST_DLQ_TOPIC": names.dlq_topic,
-        "DICOM_INGEST_AUDIT_TOPIC": names.audit_topic,
-        "DICOM_INGEST_GROUP_ID": names.group,
-        "DICOM_INGEST_DEVICE": "cpu",
-        "DICOM_INGEST_SESSION_TIMEOUT_MS": "2000",
-        "DICOM_INGEST_HEARTBEAT_INTERVAL_MS": "200",
-        "DICOM_INGEST_PART_SIZE": str(64 * 1024),
-        "DICOM_INGEST_RING_SLOTS": "16",
-        "DICOM_INGEST_MAX_ATTEMPTS": "3",
-        "DICOM_INGEST_RETRY_MAX_WAIT_S": "0.2",
-    }
-    env |= {f"DICOM_INGEST_{k.upper()}": v for k, v in overrides.items()}
+    env |= harness.worker_environment(stack, names, **overrides)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

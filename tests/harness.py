@@ -14,7 +14,7 @@ from urllib.parse import quote_plus
 import anyio
 import numpy as np
 from aiobotocore.session import get_session
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from ingest.kafka import read_topic
 from ingest.settings import Settings, load_settings
@@ -54,7 +54,8 @@ def prepare(stack: Stack, names: Names, partitions: int = 1) -> None:
     create_topics(stack.kafka.bootstrap, [names.results_topic, names.dlq_topic, names.audit_topic])
 
 
-def make_settings(stack: Stack, names: Names, **overrides: str) -> Settings:
+def worker_environment(stack: Stack, names: Names, **overrides: str) -> dict[str, str]:
+    """The environment of a test worker: this stack, these names, small parts, fast retries."""
     env = {
         **stack.endpoints.environment(),
         "DICOM_INGEST_OUTPUT_URL": f"s3://{names.output_bucket}/out/",
@@ -73,7 +74,21 @@ def make_settings(stack: Stack, names: Names, **overrides: str) -> Settings:
         "DICOM_INGEST_RETRY_MAX_WAIT_S": "0.2",
     }
     env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in overrides.items()})
-    return load_settings(env)
+    return env
+
+
+def make_settings(stack: Stack, names: Names, **overrides: str) -> Settings:
+    return load_settings(worker_environment(stack, names, **overrides))
+
+
+async def committed_offset(stack: Stack, group: str, topic: str) -> int:
+    """The group's committed offset on partition 0 of ``topic`` (0 when none)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.kafka.bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        return int(await consumer.committed(TopicPartition(topic, 0)) or 0)
+    finally:
+        await consumer.stop()
 
 
 def s3_client(stack: Stack) -> Any:

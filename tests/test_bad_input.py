@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from ingest.audit import open_envelope, verify_chain
 from ingest.dicom import parse_header
@@ -242,15 +242,6 @@ async def run_until_done(settings: Settings, outcomes: int) -> tuple[list[Outcom
     return seen, worker.stats
 
 
-async def committed_offset(stack: Stack, group: str, topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.kafka.bootstrap, group_id=group)
-    await consumer.start()
-    try:
-        return int(await consumer.committed(TopicPartition(topic, 0)) or 0)
-    finally:
-        await consumer.stop()
-
-
 async def output_keys(stack: Stack, bucket: str) -> set[str]:
     keys: set[str] = set()
     async with harness.s3_client(stack) as s3:
@@ -372,7 +363,9 @@ async def test_bad_inputs_interleaved_with_good_ones(stack: Stack) -> None:
     ]
     assert len(audit) == len(run_outcomes)
     assert verify_chain(audit).ok
-    assert await committed_offset(stack, names.group, names.source_topic) == len(plan.records)
+    assert await harness.committed_offset(stack, names.group, names.source_topic) == len(
+        plan.records
+    )
 
 
 # -- truncations on element boundaries, at the parser ------------------------------------
@@ -426,7 +419,7 @@ async def test_mutated_objects_each_get_one_outcome(stack: Stack) -> None:
         expected = reference_array(data, None, "float32")
         assert out.tobytes() == expected.tobytes(), key
     print(f"\nmutants: {len(mutants)}, processed {len(processed) - 1}, dead-lettered {reasons}")
-    assert await committed_offset(stack, names.group, names.source_topic) == len(objects)
+    assert await harness.committed_offset(stack, names.group, names.source_topic) == len(objects)
 
 
 # -- header growth past a limit that is not 64 KiB times a power of two --------------------

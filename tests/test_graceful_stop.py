@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from ingest.audit import open_envelope, verify_chain
@@ -36,15 +35,6 @@ DEADLINE_S = 10.0
 SESSION_TIMEOUT_S = 2.0
 SLICES = 100
 STOP_AFTER = 20
-
-
-async def committed_offset(stack: Stack, group: str, topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.kafka.bootstrap, group_id=group)
-    await consumer.start()
-    try:
-        return int(await consumer.committed(TopicPartition(topic, 0)) or 0)
-    finally:
-        await consumer.stop()
 
 
 async def group_members(stack: Stack, group: str) -> list[str]:
@@ -108,7 +98,7 @@ async def test_sigterm_drains_commits_leaves_and_hands_over(stack: Stack, tmp_pa
         stats = first.last("worker stopped")
         assert stats is not None, first.log_tail()
         lingering = await group_members(stack, names.group)  # generation 0: LeaveGroup skipped
-        committed = await committed_offset(stack, names.group, names.source_topic)
+        committed = await harness.committed_offset(stack, names.group, names.source_topic)
         # every record it took was finished within the deadline, and all of it committed
         assert stats["processed"] == stats["objects"] == stats["records"] == committed
         drained = stats["processed"] - at_signal
@@ -118,7 +108,7 @@ async def test_sigterm_drains_commits_leaves_and_hands_over(stack: Stack, tmp_pa
             assert second_assigned is not None, second.log_tail()
             assert await second.wait_for("processed", SLICES - committed, within_s=120)
             for _ in range(100):
-                if await committed_offset(stack, names.group, names.source_topic) == SLICES:
+                if await harness.committed_offset(stack, names.group, names.source_topic) == SLICES:
                     break
             code, second_exit_s = await sigterm(second)
             assert code == 0, second.log_tail()
@@ -145,7 +135,7 @@ async def test_sigterm_drains_commits_leaves_and_hands_over(stack: Stack, tmp_pa
     # the next worker redid nothing committed and skipped nothing uncommitted
     assert sorted(per_worker["second"]) == sorted(keys[committed:])
     assert "third" not in per_worker
-    assert await committed_offset(stack, names.group, names.source_topic) == SLICES
+    assert await harness.committed_offset(stack, names.group, names.source_topic) == SLICES
     results = await harness.read_json_topic(stack, names.results_topic)
     assert sorted(r["source"]["key"] for r in results) == sorted(keys)  # each exactly once
     assert chain.ok, chain.problems

@@ -18,7 +18,7 @@ from ingest.samples import synthetic_ct_series
 from ingest.stack import Stack, embedded_stack
 from ingest.worker import Outcome, Worker
 from tests import harness
-from tests.test_worker import aws_environment, committed_offset
+from tests.test_worker import aws_environment
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(180)]
 __all__ = ["aws_environment"]
@@ -63,7 +63,7 @@ async def test_work_slower_than_the_poll_interval_keeps_the_member_and_its_commi
     run = await harness.run_worker(settings, stop_after=len(keys))
     assert sorted(harness.keys_of(run.outcomes)) == sorted(keys)
     assert len(assignments) == 1  # never evicted, so never re-assigned
-    assert await committed_offset(stack, names.group, names.source_topic) == len(keys)
+    assert await harness.committed_offset(stack, names.group, names.source_topic) == len(keys)
 
 
 async def test_two_workers_one_joins_late_one_leaves_nothing_lost(stack: Stack) -> None:
@@ -187,7 +187,7 @@ async def test_broker_killed_and_restarted_mid_run(durable_stack: Stack) -> None
     assert {o.ref.key for o in outcomes if o.ref and o.processed} == set(keys)
     results = await harness.read_json_topic(stack, names.results_topic)
     assert {r["source"]["key"] for r in results} == set(keys)  # no loss
-    assert await committed_offset(stack, names.group, names.source_topic) == len(keys)
+    assert await harness.committed_offset(stack, names.group, names.source_topic) == len(keys)
 
 
 def _free_port() -> int:

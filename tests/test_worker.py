@@ -13,7 +13,6 @@ import uuid
 
 import numpy as np
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ingest.audit import open_envelope, verify_chain
 from ingest.samples import (
@@ -128,15 +127,6 @@ async def test_outputs_sidecars_results_audit_and_dead_letters(
         assert record["etag"] == results[key]["source"]["etag"]
 
 
-async def committed_offset(stack: Stack, group: str, topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.kafka.bootstrap, group_id=group)
-    await consumer.start()
-    try:
-        return int(await consumer.committed(TopicPartition(topic, 0)) or 0)
-    finally:
-        await consumer.stop()
-
-
 @pytest.mark.parametrize("graceful", [True, False], ids=["sigterm-like", "crash-like"])
 async def test_restart_neither_redoes_committed_nor_skips_uncommitted(
     stack: Stack, graceful: bool
@@ -154,7 +144,7 @@ async def test_restart_neither_redoes_committed_nor_skips_uncommitted(
     settings = harness.make_settings(stack, names, max_objects_in_flight="2")
 
     first = await harness.run_worker(settings, stop_after=5, graceful=graceful)
-    committed = await committed_offset(stack, names.group, names.source_topic)
+    committed = await harness.committed_offset(stack, names.group, names.source_topic)
     first_keys = set(harness.keys_of(first.outcomes))
     assert set(keys[:committed]) <= first_keys  # committed means processed
     if graceful:
@@ -163,6 +153,6 @@ async def test_restart_neither_redoes_committed_nor_skips_uncommitted(
     second = await harness.run_worker(settings, stop_after=len(keys) - committed)
     second_keys = harness.keys_of(second.outcomes)
     assert sorted(second_keys) == sorted(keys[committed:])  # nothing committed redone, none skipped
-    assert await committed_offset(stack, names.group, names.source_topic) == len(keys)
+    assert await harness.committed_offset(stack, names.group, names.source_topic) == len(keys)
     results = await harness.read_json_topic(stack, names.results_topic)
     assert {r["source"]["key"] for r in results} == set(keys)
