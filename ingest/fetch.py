@@ -100,7 +100,12 @@ class S3Source:
             connect_timeout=min(10.0, s.read_timeout_s),
             read_timeout=s.read_timeout_s,
             retries={"total_max_attempts": 1},
-            s3={"addressing_style": "path"} if s.s3_endpoint_url else None,
+            # Outputs are not hashed twice more on the way out: no SHA-256 payload
+            # signature, no CRC32 checksum unless an operation requires one.
+            s3={"addressing_style": "path", "payload_signing_enabled": False}
+            if s.s3_endpoint_url
+            else {"payload_signing_enabled": False},
+            request_checksum_calculation="when_required",
             tcp_keepalive=True,
         )
         session = get_session()

@@ -39,6 +39,7 @@ def make_consumer(settings: Settings, listener: Any = None) -> AIOKafkaConsumer:
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         max_poll_interval_ms=settings.max_poll_interval_ms,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
         max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
         fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
     )

@@ -52,7 +52,7 @@ class Settings:
     part_size: int = 8 * MiB
     ring_slots: int = 32
     fetch_concurrency: int = 16
-    max_objects_in_flight: int = 8
+    max_objects_in_flight: int = 32
     batch_max_objects: int = 16
     batch_wait_ms: float = 2.0
     max_attempts: int = 5
@@ -67,6 +67,7 @@ class Settings:
     session_timeout_ms: int = 30_000
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
+    fetch_max_wait_ms: int = 50  # Tansu answers a fetch only at this deadline
     shutdown_deadline_s: float = 30.0
 
     @property
@@ -205,6 +206,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "session_timeout_ms": _parse_int("session_timeout_ms", 1000, 3_600_000),
     "heartbeat_interval_ms": _parse_int("heartbeat_interval_ms", 100, 3_600_000),
     "max_poll_interval_ms": _parse_int("max_poll_interval_ms", 1000, 86_400_000),
+    "fetch_max_wait_ms": _parse_int("fetch_max_wait_ms", 1, 60_000),
     "shutdown_deadline_s": _parse_float("shutdown_deadline_s", 0.1, 3600.0),
 }
 _REQUIRED = ("kafka_bootstrap", "output_url", "audit_key")

@@ -73,7 +73,8 @@ class ArrayWriter:
         header = npy_header(shape, dtype)
         self.payload = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         self.total = len(header) + self.payload
-        self._buffer = bytearray(header)
+        self._pieces: list[memoryview] = [memoryview(header)]  # joined once per part
+        self._buffered = len(header)
         self._written = 0
         self._upload = _Upload()
         self._part_size = max(MIN_PART, sink.settings.part_size)
@@ -116,20 +117,40 @@ class ArrayWriter:
         return None
 
     async def write(self, values: np.ndarray | None) -> None:
-        """Append output values (any shape, C order, the writer's dtype)."""
+        """Append output values (any shape, C order, the writer's dtype).
+
+        The writer keeps views of the arrays and copies each byte once, when a
+        part is joined; the caller must not modify ``values`` afterwards.
+        """
         if values is None:
             raise _PermanentSinkError("no host values to write (the device kept them)")
         self._raise_failed_part()
         data = np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
         if self._written + len(data) > self.payload:
             raise _PermanentSinkError("more output values than the array's shape holds")
-        self._buffer += data
+        self._pieces.append(data)
+        self._buffered += len(data)
         self._written += len(data)
         if self._multipart:
-            while len(self._buffer) >= self._part_size:
-                part = bytes(self._buffer[: self._part_size])
-                del self._buffer[: self._part_size]
-                await self._start_part(part)
+            while self._buffered >= self._part_size:
+                await self._start_part(self._take(self._part_size))
+
+    def _take(self, size: int) -> bytes:
+        """The next ``size`` buffered bytes (all of them with ``size=-1``), copied once."""
+        size = self._buffered if size < 0 else size
+        views: list[memoryview] = []
+        taken = 0
+        while taken < size:
+            piece = self._pieces[0]
+            n = min(len(piece), size - taken)
+            views.append(piece[:n])
+            taken += n
+            if n == len(piece):
+                self._pieces.pop(0)
+            else:
+                self._pieces[0] = piece[n:]
+        self._buffered -= size
+        return b"".join(views)
 
     async def _start_part(self, body: bytes) -> None:
         if self._upload.upload_id is None:
@@ -157,17 +178,16 @@ class ArrayWriter:
         if self._written != self.payload:
             raise _PermanentSinkError(f"output has {self._written} bytes, expected {self.payload}")
         if not self._multipart:
-            await self._sink.put(self._key, bytes(self._buffer), "application/octet-stream")
+            await self._sink.put(self._key, self._take(-1), "application/octet-stream")
             return
-        if self._buffer:  # the last part may be smaller than the rest
+        if self._buffered:  # the last part may be smaller than the rest
             if self._upload.upload_id is None:
                 self._upload.upload_id = await self._sink._create_upload(self._key)
             number = len(self._upload.parts) + 1
             etag = await self._sink._upload_part(
-                self._key, self._upload.upload_id, number, bytes(self._buffer)
+                self._key, self._upload.upload_id, number, self._take(-1)
             )
             self._upload.parts.append({"PartNumber": number, "ETag": etag})
-            self._buffer.clear()
         await self._sink._complete_upload(self._key, self._upload.upload_id, self._upload.parts)
 
     async def _abort(self) -> None:
@@ -210,7 +230,7 @@ class OutputSink:
         """
 
         async def call() -> None:
-            await self._call("put_object", Key=key, Body=body, ContentType=content_type)
+            await self._call("put_object", Key=key, Body=io.BytesIO(body), ContentType=content_type)
 
         await with_retries(self.settings, call)
 
@@ -230,7 +250,7 @@ class OutputSink:
     async def _upload_part(self, key: str, upload_id: str | None, number: int, body: bytes) -> str:
         async def call() -> str:
             resp = await self._call(
-                "upload_part", Key=key, UploadId=upload_id, PartNumber=number, Body=body
+                "upload_part", Key=key, UploadId=upload_id, PartNumber=number, Body=io.BytesIO(body)
             )
             return str(resp["ETag"])
 
