@@ -134,9 +134,13 @@ class Worker:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until stopped.
 
+        A broker outage is waited out (``/readyz`` reports it meanwhile).
+
         Raises:
-            BrokerError: Kafka stayed unreachable past the retry policy (nothing
-                unfinished was committed; a restart redoes it).
+            BrokerRejected: the broker refused a result, dead-letter or audit
+                message for good (nothing unfinished was committed; a restart
+                redoes it).
+            ConfigError: the user hook cannot be loaded.
         """
         s = self.settings
         thread = DeviceThread(s.device)
