@@ -43,12 +43,13 @@ class Health:
     stopping: bool = False
 
     def polled(self, assigned: int) -> None:
-        now = time.monotonic()
-        self.last_poll = now
+        """The consumer polled. This says nothing about the broker: aiokafka's
+        ``getmany`` returns empty, without an error, while the broker is down.
+        Only the probe's metadata round trip decides ``broker_ok``/``broker_error``.
+        """
+        self.last_poll = time.monotonic()
         self.assigned = assigned
         self.in_group = True
-        self.broker_ok = now
-        self.broker_error = None
 
     def problems(self, now: float | None = None) -> list[str]:
         """Why the worker is not ready (empty when it is)."""

@@ -13,7 +13,8 @@ def test_ready_only_when_polling_and_both_servers_answered() -> None:
     h = Health(started=0.0)
     assert "not in the consumer group yet" in h.problems(now=1.0)
     h.polled(assigned=2)
-    h.s3_ok = h.last_poll
+    assert any("broker" in p for p in h.problems())  # polling proves nothing about the broker
+    h.broker_ok = h.s3_ok = h.last_poll
     assert h.problems(now=h.last_poll) == []  # type: ignore[arg-type]
     now = (h.last_poll or 0.0) + STALE_AFTER_S + 1
     assert "not polling" in h.problems(now=now)
@@ -37,7 +38,7 @@ async def test_endpoints_answer_200_and_503() -> None:
                 assert resp.status == 503
                 assert (await resp.json())["ready"] is False
             h.polled(assigned=1)
-            h.s3_ok = h.last_poll
+            h.broker_ok = h.s3_ok = h.last_poll
             async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
                 assert resp.status == 200
         group.cancel_scope.cancel()
