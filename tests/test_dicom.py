@@ -28,6 +28,7 @@ from ingest.errors import (
     NotDicom,
     UnsupportedDicom,
 )
+from tests.bad_inputs import edit
 from tests.reference import reference_array
 
 PATIENT_TEXT = ("PHANTOM", "SYNTHETIC", "CompressedSamples")  # names in the sample files
@@ -83,23 +84,6 @@ def twin(data: bytes, header: DicomHeader, window: tuple[float, float] | None) -
         c, w = t.window
         x = np.clip((x.astype(np.float64) - (c - 0.5)) / (w - 1) + 0.5, 0.0, 1.0)
     return x.astype(t.out_dtype)
-
-
-def edit(data: bytes, **changes: Any) -> bytes:
-    """``data`` rewritten by pydicom with elements set (None: deleted)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds = dcmread(BytesIO(data))
-        for keyword, value in changes.items():
-            if value is None:
-                delattr(ds, keyword)
-            elif isinstance(value, DataElement):
-                ds[value.tag] = value
-            else:
-                setattr(ds, keyword, value)
-        out = BytesIO()
-        dcmwrite(out, ds, enforce_file_format=True)
-    return out.getvalue()
 
 
 def patch(data: bytes, tag: int, value: bytes) -> bytes:
