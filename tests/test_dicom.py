@@ -28,7 +28,7 @@ from ingest.errors import (
     NotDicom,
     UnsupportedDicom,
 )
-from tests.bad_inputs import edit
+from tests.bad_inputs import edit, nested_sequences
 from tests.reference import reference_array
 
 PATIENT_TEXT = ("PHANTOM", "SYNTHETIC", "CompressedSamples")  # names in the sample files
@@ -363,31 +363,17 @@ def test_overflowing_sizes() -> None:
     assert parse(data, max_pixel_bytes=48).pixel_length == 48
 
 
-def nest(levels: int, defined: bool) -> bytes:
-    """``levels`` nested sequences (Request Attributes Sequence), explicit VR LE."""
-    if not defined:
-        open_ = struct.pack("<HH2sHI", 0x0040, 0x0275, b"SQ", 0, 0xFFFFFFFF)
-        item = struct.pack("<HHI", 0xFFFE, 0xE000, 0xFFFFFFFF)
-        close = struct.pack("<HHI", 0xFFFE, 0xE00D, 0) + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0)
-        return (open_ + item) * levels + close * levels
-    inner = b""
-    for _ in range(levels):
-        inner = struct.pack("<HHI", 0xFFFE, 0xE000, len(inner)) + inner
-        inner = struct.pack("<HH2sHI", 0x0040, 0x0275, b"SQ", 0, len(inner)) + inner
-    return inner
-
-
 def test_deeply_nested_sequences_in_a_thread() -> None:
     data = samples.example_bytes("CT_small.dcm")
     at = pixel_at(data) - 12
-    undefined = data[:at] + nest(500, defined=False) + data[at:]
-    defined = data[:at] + nest(500, defined=True) + data[at:]
+    undefined = data[:at] + nested_sequences(500, defined=False) + data[at:]
+    defined = data[:at] + nested_sequences(500, defined=True) + data[at:]
     with ThreadPoolExecutor(1) as pool:
         with pytest.raises(MalformedDicom, match="nested too deeply"):
             pool.submit(parse_header, undefined, len(undefined)).result()
         header = pool.submit(parse_header, defined, len(defined)).result()
     assert isinstance(header, DicomHeader)  # defined lengths are parsed lazily, never deep
-    assert header.pixel_offset == pixel_at(data) + len(nest(500, defined=True))
+    assert header.pixel_offset == pixel_at(data) + len(nested_sequences(500, defined=True))
 
 
 def test_float_pixel_data() -> None:
