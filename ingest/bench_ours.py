@@ -21,7 +21,7 @@ Latency of an object = the time its ``Outcome`` callback ran (after the
 output, the sidecar, the acknowledged result event and the acknowledged audit
 record) minus the time just before its notification was handed to the
 producer (``perf_counter``, one clock, one process). Each latency summary
-also has the medians of the worker's own ``Processed.timings``: HEAD, fetch,
+also has the medians of the worker's own ``Processed.timings``: the first GET,
 parse, device (for a large object: the whole chunk loop, reads and output
 parts included) and all of ``process_object``; ``rest_of_process_object`` is
 what those parts leave out (for a small object: the ``.npy`` PUT and waits
@@ -57,7 +57,7 @@ ALLOCATION_COUNTERS = (
     "pinned_allocations", "pageable_allocations", "host_allocations",
     "device_allocations", "pinned_staging_allocations",
 )  # fmt: skip
-TIMING_FIELDS = ("head_ms", "fetch_ms", "parse_ms", "device_ms", "process_object_ms")
+TIMING_FIELDS = ("first_get_ms", "parse_ms", "device_ms", "process_object_ms")
 HOOK_SPEC = "ingest.bench_ours:bench_hook"
 HOOK_COUNTS = {"chunks": 0, "elements": 0}
 
@@ -125,7 +125,7 @@ class _Tracker:
             p.errors.append(f"{key}: {type(outcome.error).__name__}: {outcome.error}")
         if outcome.processed is not None:
             t = outcome.processed.timings
-            p.timings[key] = (t.head_s, t.fetch_s, t.parse_s, t.device_s, t.total_s)
+            p.timings[key] = (t.first_get_s, t.parse_s, t.device_s, t.total_s)
         if len(p.done) >= p.expected:
             p.finished.set()
 

@@ -1,19 +1,30 @@
-"""Reading S3 objects: HEAD, then ranged GETs straight into ring slots, with retries.
+"""Reading S3 objects: ranged GETs straight into ring slots, in threads, with retries.
 
-Every GET carries ``IfMatch`` with the ETag the HEAD returned, so a range can
-never mix bytes of two versions: a replaced object answers 412, which becomes
-``ObjectChanged``. Transient failures (5xx, throttling, timeouts, resets, a
-body cut short) are retried by the policy of ``retry.py``; botocore's own
-retries are off so that policy is the only one.
+An object is read without a HEAD. ``locate`` presigns one GET URL for it
+(SigV4 query auth, by botocore); ``read_first`` GETs its first range and
+learns the object's size, ETag and version from the answer (``Content-Range``,
+``ETag``, ``x-amz-version-id``); every later ``read_into`` carries
+``If-Match`` with that ETag, so a range can never mix bytes of two versions: a
+replaced object answers 412, which becomes ``ObjectChanged``. The GETs run in
+worker threads on ``http.client`` connections and write into the slot with
+``readinto`` (``threaded_get.py`` says why), at most ``fetch_concurrency`` at
+once. A cancelled read aborts its socket and waits for its thread, so a slot
+is never written after it was given back.
 
-botocore exceptions are translated into ``ingest.errors`` in one place,
-``translate_s3_error``. The aiohttp connection pool is sized to the fetch
-concurrency (botocore's default of 10 silently caps parallel ranges).
+Transient failures (5xx, throttling, timeouts, resets, a body cut short) are
+retried by the policy of ``retry.py``. All foreign exceptions (botocore,
+aiohttp, ``http.client``, sockets) are translated into ``ingest.errors`` in
+one place, ``translate_s3_error``. The aiobotocore client stays for HEAD, for
+presigning and for the output sink; botocore's own retries are off so our
+policy is the only one, and its connection pool is sized to the concurrency
+(botocore's default of 10 silently caps parallel requests).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +47,16 @@ from ingest.errors import (
 from ingest.planning import ByteRange
 from ingest.retry import with_retries
 from ingest.settings import Settings
+from ingest.threaded_get import (
+    Answer,
+    BodyCut,
+    ConnectionPool,
+    HttpStatusError,
+    Transfer,
+    get_into,
+)
 
+PRESIGN_EXPIRES_S = 12 * 3600  # a presigned URL outlives the slowest object read with it
 _TRANSIENT_CODES = {
     "SlowDown",
     "Throttling",
@@ -57,41 +77,56 @@ class ObjectHead:
 
 
 def translate_s3_error(exc: BaseException, what: str) -> IngestError:
-    """Map a botocore/aiohttp/timeout exception to our tree (the one place that knows them)."""
+    """Map a botocore/aiohttp/http.client/socket exception to our tree (the one place)."""
     if isinstance(exc, IngestError):
         return exc
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if code in _TRANSIENT_CODES:  # before the status: S3 sends RequestTimeTooSkewed as 403
-            return SourceUnavailable(f"{what}: S3 answered {status} {code}")
-        if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"):
-            return ObjectNotFound(f"{what}: not found ({code or status})")
-        if status == 403 or code in ("AccessDenied", "Forbidden", "InvalidAccessKeyId"):
-            return AccessDenied(f"{what}: access denied ({code or status})")
-        if status == 412 or code == "PreconditionFailed":
-            return ObjectChanged(f"{what}: the object changed while it was read (412)")
-        if status == 416 or code == "InvalidRange":
-            return ObjectChanged(f"{what}: range past the end; the object shrank (416)")
-        if (status >= 500 and status != 501) or status == 429:  # 501: not implemented, for good
-            return SourceUnavailable(f"{what}: S3 answered {status} {code}")
-        return SourceError(f"{what}: S3 answered {status} {code}")
-    if isinstance(exc, aiohttp.ClientPayloadError):  # the body ended before its length
+        return _from_status(status, code, what)
+    if isinstance(exc, HttpStatusError):
+        return _from_status(exc.status, exc.code, what)
+    if isinstance(exc, BodyCut | aiohttp.ClientPayloadError):  # the body ended before its length
         return TruncatedBody(f"{what}: body cut short: {exc}")
-    # anyio.fail_after raises TimeoutError (== asyncio.TimeoutError): retried like a reset.
+    # anyio.fail_after and socket timeouts raise TimeoutError: retried like a reset.
     if isinstance(exc, BotoCoreError | aiohttp.ClientError | asyncio.TimeoutError | OSError):
         return SourceUnavailable(f"{what}: {type(exc).__name__}: {exc}")
     return SourceError(f"{what}: {type(exc).__name__}: {exc}")
 
 
+def _from_status(status: int, code: str, what: str) -> IngestError:
+    if code in _TRANSIENT_CODES:  # before the status: S3 sends RequestTimeTooSkewed as 403
+        return SourceUnavailable(f"{what}: S3 answered {status} {code}")
+    if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"):
+        return ObjectNotFound(f"{what}: not found ({code or status})")
+    if status == 403 or code in ("AccessDenied", "Forbidden", "InvalidAccessKeyId"):
+        return AccessDenied(f"{what}: access denied ({code or status})")
+    if status == 412 or code == "PreconditionFailed":
+        return ObjectChanged(f"{what}: the object changed while it was read (412)")
+    if status == 416 or code == "InvalidRange":
+        return ObjectChanged(f"{what}: range past the end; the object shrank (416)")
+    if (status >= 500 and status != 501) or status == 429:  # 501: not implemented, for good
+        return SourceUnavailable(f"{what}: S3 answered {status} {code}")
+    return SourceError(f"{what}: S3 answered {status} {code}".rstrip())
+
+
 class S3Source:
-    """HEAD and ranged GETs on one aiobotocore client. An async context manager."""
+    """Presigned ranged GETs in threads, plus HEAD and presigning on one aiobotocore client.
+
+    An async context manager; ``aclose`` closes the client and the connections.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._stack = AsyncExitStack()
         self._client: Any = None
+        self._threads = anyio.CapacityLimiter(settings.fetch_concurrency)
+        self._pool = ConnectionPool(
+            connect_timeout_s=min(10.0, settings.read_timeout_s),
+            read_timeout_s=settings.read_timeout_s,
+            ssl_context=ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE")),
+        )
 
     async def __aenter__(self) -> S3Source:
         s = self._settings
@@ -109,6 +144,7 @@ class S3Source:
             tcp_keepalive=True,
         )
         session = get_session()
+        self._stack.callback(self._pool.close)
         self._client = await self._stack.enter_async_context(
             session.create_client("s3", endpoint_url=s.s3_endpoint_url, config=config)
         )
@@ -124,6 +160,11 @@ class S3Source:
     def client(self) -> Any:
         """The aiobotocore client (the sink writes outputs through the same pool)."""
         return self._client
+
+    @property
+    def connections_opened(self) -> int:
+        """HTTP connections the GET threads opened so far (keep-alive reuse keeps this low)."""
+        return self._pool.opened
 
     async def head(self, bucket: str, key: str, version_id: str | None) -> ObjectHead:
         """Size, ETag and version of the object, retried on transient failures.
@@ -148,63 +189,117 @@ class S3Source:
 
         return await with_retries(self._settings, call)
 
+    async def locate(self, bucket: str, key: str, version_id: str | None) -> str:
+        """A presigned GET URL for the object (the version given, or the current one).
+
+        Raises:
+            SourceError: no credentials, or the request could not be signed.
+        """
+        params: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if version_id:
+            params["VersionId"] = version_id
+        try:
+            url: str = await self._client.generate_presigned_url(
+                "get_object", Params=params, ExpiresIn=PRESIGN_EXPIRES_S
+            )
+        except Exception as exc:
+            raise translate_s3_error(exc, "presign GET") from exc
+        return url
+
+    async def read_first(self, url: str, into: memoryview) -> tuple[ObjectHead, int]:
+        """GET the object's first ``len(into)`` bytes (or all of a smaller one) into ``into``.
+
+        Returns the object's size, ETag and version as the answer told them,
+        and how many bytes were written (``min(len(into), size)``). An empty
+        object answers 416 to any range; a HEAD then confirms its size of 0.
+
+        Raises:
+            ObjectNotFound, AccessDenied, SourceUnavailable, TruncatedBody, SourceError
+        """
+        wanted = ByteRange(0, len(into))
+        try:
+            answer = await self._get(url, {"Range": wanted.http_range}, into, wanted.http_range)
+        except ObjectChanged:  # 416: nothing at byte 0
+            return await self._empty(url), 0
+        if answer.start != 0 or answer.total is None or not answer.etag:
+            raise SourceError(
+                f"GET {wanted.http_range}: answered from byte {answer.start} of "
+                f"{answer.total} with ETag {answer.etag!r}"
+            )
+        if answer.filled != min(len(into), answer.total):
+            raise TruncatedBody(f"GET {wanted.http_range}: {answer.filled} bytes")
+        return ObjectHead(answer.total, answer.etag, answer.version_id), answer.filled
+
+    async def _empty(self, url: str) -> ObjectHead:
+        bucket, key, version_id = self._parse_url(url)
+        head = await self.head(bucket, key, version_id)
+        if head.size != 0:
+            raise ObjectChanged("GET bytes=0-: range past the end, yet the object is not empty")
+        return head
+
+    def _parse_url(self, url: str) -> tuple[str, str, str | None]:
+        """Bucket, key and version of a URL ``locate`` made (for the rare HEAD after a 416)."""
+        from urllib.parse import parse_qs, unquote, urlsplit
+
+        parts = urlsplit(url)
+        path = unquote(parts.path).lstrip("/")
+        query = parse_qs(parts.query)
+        version = query.get("versionId", [None])[0]
+        if self._settings.s3_endpoint_url:  # path style: /bucket/key
+            bucket, _, key = path.partition("/")
+        else:  # virtual host style: bucket.s3....
+            bucket, key = parts.netloc.split(".", 1)[0], path
+        return bucket, key, version
+
     async def read_into(
-        self, bucket: str, key: str, head: ObjectHead, byte_range: ByteRange, into: memoryview
+        self, url: str, head: ObjectHead, byte_range: ByteRange, into: memoryview
     ) -> None:
-        """GET ``byte_range`` with ``IfMatch`` and write it into ``into[:length]``, retried.
+        """GET ``byte_range`` with ``If-Match`` and write it into ``into[:length]``, retried.
 
         Raises:
             ObjectChanged: the ETag no longer matches (never retried here).
             TruncatedBody: after retries, the body kept ending early.
             ObjectNotFound, AccessDenied, SourceUnavailable, SourceError
         """
-        args: dict[str, Any] = {
-            "Bucket": bucket,
-            "Key": key,
-            "Range": byte_range.http_range,
-            "IfMatch": f'"{head.etag}"',
-        }
-        if head.version_id:
-            args["VersionId"] = head.version_id
+        headers = {"Range": byte_range.http_range, "If-Match": f'"{head.etag}"'}
         target = into[: byte_range.length]
-
-        async def call() -> None:
-            try:
-                await self._get_once(args, byte_range, target)
-            except IngestError:
-                raise
-            except Exception as exc:
-                raise translate_s3_error(exc, f"GET {byte_range.http_range}") from exc
-
-        await with_retries(self._settings, call)
-
-    async def _get_once(
-        self, args: dict[str, Any], byte_range: ByteRange, target: memoryview
-    ) -> None:
-        with anyio.fail_after(self._settings.read_timeout_s):
-            resp = await self._client.get_object(**args)
-        body = resp["Body"]
-        expected_range = f"bytes {byte_range.start}-{byte_range.end - 1}/"
-        if not str(resp.get("ContentRange", expected_range)).startswith(expected_range):
-            body.close()
-            raise SourceError(f"GET {byte_range.http_range}: answered {resp.get('ContentRange')}")
-        try:
-            content = body.raw_stream.content
-            filled = 0
-            expected = byte_range.length
-            while filled < expected:
-                with anyio.fail_after(self._settings.read_timeout_s):
-                    chunk = await content.readany()
-                if not chunk:
-                    break
-                end = filled + len(chunk)
-                if end > expected:
-                    raise SourceError(f"GET {byte_range.http_range}: body longer than the range")
-                target[filled:end] = chunk
-                filled = end
-        finally:
-            body.close()
-        if filled != expected:
-            raise TruncatedBody(
-                f"GET {byte_range.http_range}: body ended after {filled} of {expected} bytes"
+        answer = await self._get(url, headers, target, byte_range.http_range)
+        if answer.start != byte_range.start or answer.filled != byte_range.length:
+            raise SourceError(
+                f"GET {byte_range.http_range}: answered {answer.filled} bytes from {answer.start}"
             )
+
+    async def _get(
+        self, url: str, headers: dict[str, str], target: memoryview, what: str
+    ) -> Answer:
+        async def call() -> Answer:
+            try:
+                return await self._get_once(url, headers, target)
+            except Exception as exc:
+                raise translate_s3_error(exc, f"GET {what}") from exc
+
+        return await with_retries(self._settings, call)
+
+    async def _get_once(self, url: str, headers: dict[str, str], target: memoryview) -> Answer:
+        """One GET in a thread. On cancellation the socket is shut and the thread awaited."""
+        transfer = Transfer()
+        loop = asyncio.get_running_loop()
+        finished = asyncio.Event()
+
+        def run() -> Answer:
+            if not transfer.begin():
+                raise OSError("the GET was cancelled before it began")
+            try:
+                return get_into(self._pool, url, headers, target, transfer)
+            finally:
+                loop.call_soon_threadsafe(finished.set)
+
+        try:
+            return await anyio.to_thread.run_sync(
+                run, limiter=self._threads, abandon_on_cancel=True
+            )
+        except anyio.get_cancelled_exc_class():
+            if transfer.abort():
+                with anyio.CancelScope(shield=True):
+                    await finished.wait()  # the thread no longer writes into ``target``
+            raise

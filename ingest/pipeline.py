@@ -1,12 +1,16 @@
-"""One object, end to end: HEAD, ranged reads into the ring, header, device, outputs.
+"""One object, end to end: ranged reads into the ring, header, device, outputs.
 
 ``process_object`` is what an object task runs; it returns a ``Processed`` or
-raises an ``IngestError``. Two paths, chosen by ``planning.first_read``:
+raises an ``IngestError``. There is no HEAD: the first GET reads into a slot
+either the whole object (when the notification's size, or nothing known,
+says it fits one part) or a header probe, and its answer gives the object's
+true size and ETag. Then one of two paths:
 
-* small (fits one part): one GET into one slot; header parse and SHA-256 run
-  together in a worker thread; the Pixel Data is handed to the device straight
-  from the slot.
-* large: a header prefix is read (grown while the parser asks for more), then
+* small (the first GET held it all): header parse and SHA-256 run together
+  in a worker thread; the Pixel Data is handed to the device straight from
+  the slot.
+* large: the header is parsed from the probe (grown while the parser asks
+  for more), then
   the Pixel Data chunks are read concurrently into slots (a window of
   ``fetch_concurrency`` per object, a global limit across objects) and consumed
   strictly in order: hashed and preprocessed at the same time, then streamed
@@ -46,8 +50,7 @@ MAX_VERSION_RETRIES = 3
 
 @dataclass(slots=True)
 class Timings:
-    head_s: float = 0.0
-    fetch_s: float = 0.0
+    first_get_s: float = 0.0  # the first GET (it also tells size and ETag: no HEAD)
     parse_s: float = 0.0
     device_s: float = 0.0
     total_s: float = 0.0
@@ -118,20 +121,47 @@ async def process_object(ctx: Context, ref: ObjectRef) -> Processed:
 
 async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     started = time.perf_counter()
-    head = await ctx.source.head(ref.bucket, ref.key, ref.version_id)
-    head_s = time.perf_counter() - started
-    if head.size == 0:
-        raise NotDicom("the object is empty (0 bytes)")
+    url = await ctx.source.locate(ref.bucket, ref.key, ref.version_id)
+    expected = ref.size if ref.size else ctx.settings.part_size  # a hint; the answer decides
+    first = first_read(expected, ctx.settings.part_size)
     npy_key, json_key = output_keys(ctx.settings, ref.bucket, ref.key)
-    first = first_read(head.size, ctx.settings.part_size)
-    if first.length == head.size:
-        done = await _small(ctx, ref, head, npy_key)
-    else:
-        done = await _large(ctx, ref, head, first, npy_key)
+    slot = await ctx.ring.acquire()
+    try:
+        async with ctx.fetch_limit:
+            head, filled = await ctx.source.read_first(url, slot.view[: first.length])
+        first_s = time.perf_counter() - started
+        if head.size == 0:
+            raise NotDicom("the object is empty (0 bytes)")
+        obj = Located(url, ref, head)
+        small = filled == head.size
+        if small:
+            done = await _small(ctx, obj, slot, npy_key)
+        else:  # the probe's slot goes back before the chunks take theirs (no deadlock)
+            t = time.perf_counter()
+            header, hasher = await _read_header(ctx, obj, slot.view[:filled])
+            parse_s = time.perf_counter() - t
+    finally:
+        slot.release()
+    if not small:
+        done = await _large(ctx, obj, header, hasher, npy_key)
+        done[3].parse_s = parse_s
     header, digest, backend, timings = done
-    timings.head_s = head_s
+    timings.first_get_s = first_s
     timings.total_s = time.perf_counter() - started
     return Processed(ref, head, header, digest, backend, npy_key, json_key, timings)
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """The object version being read: its presigned URL, and what the first GET told."""
+
+    url: str
+    ref: ObjectRef
+    head: ObjectHead
+
+    @property
+    def target(self) -> Target:
+        return Target(self.ref, self.head)
 
 
 _Done = tuple[DicomHeader, str, str, Timings]
@@ -144,30 +174,22 @@ def _parse_and_hash(data: memoryview, size: int, max_header: int) -> tuple[Dicom
     return header, hashlib.sha256(data).hexdigest()
 
 
-async def _small(ctx: Context, ref: ObjectRef, head: ObjectHead, npy_key: str) -> _Done:
+async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str) -> _Done:
+    """The whole object is in ``slot`` (the caller releases it)."""
     timings = Timings()
-    slot = await ctx.ring.acquire()
-    try:
-        t = time.perf_counter()
-        async with ctx.fetch_limit:
-            await ctx.source.read_into(
-                ref.bucket, ref.key, head, ByteRange(0, head.size), slot.view
-            )
-        timings.fetch_s = time.perf_counter() - t
-        data = slot.view[: head.size]
-        t = time.perf_counter()
-        header, digest = await anyio.to_thread.run_sync(
-            _parse_and_hash, data, head.size, ctx.settings.max_header_bytes
-        )
-        timings.parse_s = time.perf_counter() - t
-        pixels = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
-        t = time.perf_counter()
-        async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
-            values = await _device(ctx, Target(ref, head), header, slot, pixels, 0)
-            timings.device_s = time.perf_counter() - t
-            await out.write(values)
-    finally:
-        slot.release()
+    size = obj.head.size
+    data = slot.view[:size]
+    t = time.perf_counter()
+    header, digest = await anyio.to_thread.run_sync(
+        _parse_and_hash, data, size, ctx.settings.max_header_bytes
+    )
+    timings.parse_s = time.perf_counter() - t
+    pixels = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
+    t = time.perf_counter()
+    async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
+        values = await _device(ctx, obj.target, header, slot, pixels, 0)
+        timings.device_s = time.perf_counter() - t
+        await out.write(values)
     return header, digest, ctx.device.backend, timings
 
 
@@ -214,58 +236,54 @@ async def _device(
 
 
 async def _read_header(
-    ctx: Context, ref: ObjectRef, head: ObjectHead, first: ByteRange
-) -> tuple[DicomHeader, bytearray]:
-    """Read a growing prefix until the parser finds the Pixel Data element."""
-    length = first.length
+    ctx: Context, obj: Located, probe: memoryview
+) -> tuple[DicomHeader, hashlib._Hash]:
+    """Parse the header from the probe (re-reading a growing prefix while the parser asks);
+    returns it with a hasher that has taken the bytes before the Pixel Data."""
+    size = obj.head.size
+    prefix: memoryview | bytearray = probe
     while True:
-        prefix = bytearray(length)
-        async with ctx.fetch_limit:
-            await ctx.source.read_into(
-                ref.bucket, ref.key, head, ByteRange(0, length), memoryview(prefix)
-            )
         parsed = await anyio.to_thread.run_sync(
             functools.partial(
-                parse_header,
-                memoryview(prefix),
-                head.size,
+                parse_header, memoryview(prefix), size,
                 max_header_bytes=ctx.settings.max_header_bytes,
             )
-        )
+        )  # fmt: skip
         if isinstance(parsed, DicomHeader):
-            return parsed, prefix
-        if length >= head.size:
+            return parsed, hashlib.sha256(memoryview(prefix)[: parsed.pixel_offset])
+        length = len(prefix)
+        if length >= size:
             raise MalformedDicom("the header does not end inside the object")
         limit = ctx.settings.max_header_bytes
-        next_length = min(head.size, max(parsed.at_least, min(length * 2, limit)))
+        next_length = min(size, max(parsed.at_least, min(length * 2, limit)))
         if next_length > limit:
             raise LimitExceeded(f"DICOM header larger than {ctx.settings.max_header_bytes} bytes")
-        length = next_length
+        prefix = bytearray(next_length)
+        async with ctx.fetch_limit:
+            await ctx.source.read_into(
+                obj.url, obj.head, ByteRange(0, next_length), memoryview(prefix)
+            )
 
 
 async def _large(
-    ctx: Context, ref: ObjectRef, head: ObjectHead, first: ByteRange, npy_key: str
+    ctx: Context, obj: Located, header: DicomHeader, hasher: hashlib._Hash, npy_key: str
 ) -> _Done:
+    """Read the Pixel Data in chunks (and the trailer, for the hash) after the header."""
     timings = Timings()
-    t = time.perf_counter()
-    header, prefix = await _read_header(ctx, ref, head, first)
-    timings.parse_s = time.perf_counter() - t
-    hasher = hashlib.sha256(memoryview(prefix)[: header.pixel_offset])
-    del prefix
     chunks = chunk_pixels(header.pixel_offset, header.pixel, ctx.settings.part_size)
-    target = Target(ref, head)
+    target = obj.target
     pixel_end = header.pixel_offset + header.pixel_length
-    trailer = split_range(pixel_end, head.size, ctx.settings.part_size)
+    trailer = split_range(pixel_end, obj.head.size, ctx.settings.part_size)
     t = time.perf_counter()
     async with (
         ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out,
-        _ordered_reads(ctx, ref, head, [c.range for c in chunks]) as reads,
+        _ordered_reads(ctx, obj, [c.range for c in chunks]) as reads,
     ):
         index = 0
         async for slot, view in reads:
             await _consume_chunk(ctx, target, header, hasher, out, chunks[index], slot, view)
             index += 1
-    async with _ordered_reads(ctx, ref, head, trailer) as reads:
+    async with _ordered_reads(ctx, obj, trailer) as reads:
         async for slot, view in reads:
             try:
                 await anyio.to_thread.run_sync(hasher.update, view)
@@ -313,10 +331,10 @@ class _PendingRead:
     error: Exception | None = None
     taken: bool = False
 
-    async def fill(self, ctx: Context, ref: ObjectRef, head: ObjectHead) -> None:
+    async def fill(self, ctx: Context, obj: Located) -> None:
         try:
             async with ctx.fetch_limit:
-                await ctx.source.read_into(ref.bucket, ref.key, head, self.range, self.slot.view)
+                await ctx.source.read_into(obj.url, obj.head, self.range, self.slot.view)
         except Exception as exc:  # handed to the consumer, in order, not to the task group
             self.error = exc
         finally:
@@ -346,7 +364,7 @@ class _InOrder:
 
 @asynccontextmanager
 async def _ordered_reads(
-    ctx: Context, ref: ObjectRef, head: ObjectHead, ranges: list[ByteRange]
+    ctx: Context, obj: Located, ranges: list[ByteRange]
 ) -> AsyncIterator[_InOrder]:
     """Read ``ranges`` concurrently into slots; yield ``(slot, view)`` in range order.
 
@@ -362,7 +380,7 @@ async def _ordered_reads(
             for byte_range in ranges:
                 read = _PendingRead(await ctx.ring.acquire(), byte_range)
                 reads.append(read)
-                group.start_soon(read.fill, ctx, ref, head)
+                group.start_soon(read.fill, ctx, obj)
                 await send.send(read)
 
     failure: Exception | None = None

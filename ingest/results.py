@@ -58,8 +58,7 @@ def sidecar(
         },
         "backend": done.backend,
         "timings": {
-            "head_s": round(t.head_s, 6),
-            "fetch_s": round(t.fetch_s, 6),
+            "first_get_s": round(t.first_get_s, 6),
             "parse_s": round(t.parse_s, 6),
             "device_s": round(t.device_s, 6),
             "total_s": round(t.total_s, 6),

@@ -17,13 +17,20 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
-from ingest.errors import AccessDenied, IngestError, SourceUnavailable, TruncatedBody
+from ingest.errors import (
+    AccessDenied,
+    IngestError,
+    ObjectNotFound,
+    SourceUnavailable,
+    TruncatedBody,
+)
 from ingest.fetch import S3Source
 from ingest.planning import ByteRange
 from ingest.samples import example_bytes, synthetic_ct_series, synthetic_multiframe
@@ -168,7 +175,7 @@ async def source_through(
     key = "obj/x.dcm"
     await harness.upload(stack, names.source_bucket, [(key, data)])
     async with proxied(stack, plan) as proxy, S3Source(settings_for(stack, names, proxy)) as src:
-        yield src, names.source_bucket, key
+        yield src, await src.locate(names.source_bucket, key, None), key
 
 
 @pytest.mark.parametrize("kind", sorted(TRANSIENT))
@@ -177,23 +184,63 @@ async def test_source_retries_each_transient_fault(stack: Stack, kind: str) -> N
     faults = 1 if kind.startswith("stall") else MAX_ATTEMPTS - 1  # a stall costs a timeout
     rule = Rule(TRANSIENT[kind], method="GET", times=faults)
     plan = FaultPlan([rule])
-    async with source_through(stack, plan, data) as (src, bucket, key):
-        head = await src.head(bucket, key, None)
+    rule = Rule(TRANSIENT[kind], method="GET", range=r"^bytes=[1-9]", times=faults)
+    plan = FaultPlan([rule])
+    async with source_through(stack, plan, data) as (src, url, key):
+        head, filled = await src.read_first(url, memoryview(bytearray(PART)))
         target = bytearray(b"\xee" * PART)
-        await src.read_into(bucket, key, head, ByteRange(PART, 2 * PART), memoryview(target))
+        await src.read_into(url, head, ByteRange(PART, 2 * PART), memoryview(target))
+    assert (head.size, filled) == (len(data), PART)
     assert bytes(target) == data[PART : 2 * PART]
     assert plan.injected == {TRANSIENT[kind].kind: faults}
-    assert len(plan.seen("GET", key)) == faults + 1
+    assert len(plan.seen("GET", key)) == faults + 2
 
 
-@pytest.mark.parametrize("kind", ["500", "stall"])
-async def test_source_head_retries(stack: Stack, kind: str) -> None:
-    plan = FaultPlan([Rule(TRANSIENT[kind], method="HEAD", times=1)])
-    async with source_through(stack, plan, b"x" * 1000) as (src, bucket, key):
-        head = await src.head(bucket, key, None)
-    assert head.size == 1000
+@pytest.mark.parametrize("kind", ["500", "stall", "short_body"])
+async def test_source_first_read_retries_and_learns_the_object(stack: Stack, kind: str) -> None:
+    """The first GET replaces the HEAD: its answer gives the size and ETag, after retries."""
+    data = bytes(range(256)) * 4
+    plan = FaultPlan([Rule(TRANSIENT[kind], method="GET", times=1)])
+    async with source_through(stack, plan, data) as (src, url, key):
+        target = bytearray(PART)
+        head, filled = await src.read_first(url, memoryview(target))
+    assert (head.size, filled) == (len(data), len(data))
+    assert bytes(target[:filled]) == data
+    assert head.etag == await upstream_etag(stack, url_bucket(url), key)
     assert plan.injected == {TRANSIENT[kind].kind: 1}
-    assert len(plan.seen("HEAD", key)) == 2
+    assert len(plan.seen("GET", key)) == 2
+    assert plan.seen("HEAD", key) == []
+
+
+def url_bucket(url: str) -> str:
+    return urlsplit(url).path.lstrip("/").partition("/")[0]
+
+
+async def test_source_empty_object_answers_size_zero(stack: Stack) -> None:
+    """Any range of an empty object is 416; a HEAD then confirms the size of 0."""
+    plan = FaultPlan()
+    async with source_through(stack, plan, b"") as (src, url, _key):
+        head, filled = await src.read_first(url, memoryview(bytearray(PART)))
+    assert (head.size, filled) == (0, 0)
+    assert [r.method for r in plan.requests] == ["GET", "HEAD"]
+
+
+async def test_source_cancelled_read_stops_at_once_and_never_writes_late(stack: Stack) -> None:
+    """Cancelling a stalled GET shuts its socket: it ends now, not at the read timeout."""
+    data = b"\x11" * (4 * PART)
+    plan = FaultPlan([Rule(Stall(30.0, fraction=0.5), method="GET", range=r"^bytes=[1-9]")])
+    async with source_through(stack, plan, data) as (src, url, _key):
+        head, _ = await src.read_first(url, memoryview(bytearray(PART)))
+        target = bytearray(b"\xee" * (2 * PART))
+        started = anyio.current_time()
+        with anyio.move_on_after(0.3):
+            await src.read_into(url, head, ByteRange(PART, 3 * PART), memoryview(target))
+        elapsed = anyio.current_time() - started
+        await anyio.sleep(0.2)
+        after_cancel = bytes(target)
+        await anyio.sleep(0.3)
+    assert elapsed < READ_TIMEOUT_S  # the read timeout would end it only at 1 s
+    assert bytes(target) == after_cancel  # nothing wrote into the buffer after the cancel
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,14 +253,15 @@ class GiveUp:
 
 GIVE_UP = {
     "503-get": GiveUp(Status.slow_down(), "GET", SourceUnavailable, MAX_ATTEMPTS),
-    "500-head": GiveUp(Status.internal_error(), "HEAD", SourceUnavailable, MAX_ATTEMPTS),
+    "500-first": GiveUp(Status.internal_error(), "FIRST", SourceUnavailable, MAX_ATTEMPTS),
     "reset-get": GiveUp(Reset(0.25), "GET", TruncatedBody, MAX_ATTEMPTS),
     "short-get": GiveUp(ShortBody(0.9), "GET", TruncatedBody, MAX_ATTEMPTS),
     "short-declared-get": GiveUp(
         ShortBody(0.9, honest_length=True), "GET", TruncatedBody, MAX_ATTEMPTS
     ),
     "403-get": GiveUp(Status.access_denied(), "GET", AccessDenied, 1),
-    "403-head": GiveUp(Status.access_denied(), "HEAD", AccessDenied, 1),
+    "403-first": GiveUp(Status.access_denied(), "FIRST", AccessDenied, 1),
+    "404-first": GiveUp(Status(404, "NoSuchKey"), "FIRST", ObjectNotFound, 1),
 }
 
 
@@ -221,18 +269,20 @@ GIVE_UP = {
 async def test_source_gives_up_after_bounded_attempts(stack: Stack, case: str) -> None:
     spec = GIVE_UP[case]
     data = b"\x5a" * (2 * PART)
-    plan = FaultPlan([Rule(spec.fault, method=spec.method, times=None)])
-    async with source_through(stack, plan, data) as (src, bucket, key):
+    first = spec.method == "FIRST"  # the first GET (no If-Match) rather than a later range
+    plan = FaultPlan([Rule(spec.fault, "GET", range=r"^bytes=0-" if first else "^bytes=[1-9]",
+                           times=None)])  # fmt: skip
+    async with source_through(stack, plan, data) as (src, url, key):
 
-        async def head_then_read() -> None:
-            head = await src.head(bucket, key, None)
-            await src.read_into(bucket, key, head, ByteRange(0, PART), memoryview(bytearray(PART)))
+        async def first_then_read() -> None:
+            head, _ = await src.read_first(url, memoryview(bytearray(PART)))
+            await src.read_into(url, head, ByteRange(PART, 2 * PART), memoryview(bytearray(PART)))
 
         with pytest.raises(IngestError) as caught:
-            await head_then_read()
+            await first_then_read()
     assert type(caught.value) is spec.error, caught.value
     assert caught.value.attempts == spec.attempts
-    requests = plan.seen(spec.method, key)
+    requests = [r for r in plan.seen("GET", key) if r.range != "bytes=0-65535" or first]
     assert len(requests) == spec.attempts
     # capped backoff: no wait between attempts beyond the cap (plus generous slack for a
     # loaded machine; uncapped waits would still be small here, this guards against hangs)
@@ -322,8 +372,8 @@ async def test_worker_retries_transient_faults_and_outputs_stay_bit_exact(stack:
     # At most two of these rules reach one request, plus the background one: no request
     # sees more than MAX_ATTEMPTS - 1 faults, so every one must end in success.
     counted = [
-        once(Status.internal_error(), "ct/*", method="HEAD", times=2),
-        once(Status.slow_down(), "small/CT_small.dcm", method="HEAD"),
+        once(Status.internal_error(), "ct/*", range=r"^bytes=0-", times=2),
+        once(Status.slow_down(), "small/CT_small.dcm", range=r"^bytes=0-"),
         once(Stall(STALL_S), "small/CT_small.dcm"),
         once(ShortBody(0.5), "small/MR_small.dcm"),
         once(ShortBody(0.3, honest_length=True), "ct/*", times=3),
@@ -357,7 +407,7 @@ async def test_worker_dead_letters_persistent_failures_and_keeps_going(stack: St
         "ok/mf16.dcm": synthetic_multiframe(12, 128, 96),
     }
     bad = {
-        "fail/head-503.dcm": example_bytes("MR_small.dcm"),
+        "fail/first-503.dcm": example_bytes("MR_small.dcm"),
         "fail/chunk-500.dcm": synthetic_multiframe(8, 128, 128, bits_allocated=8),
         "fail/denied.dcm": example_bytes("CT_small.dcm"),
         "fail/truncated.dcm": synthetic_multiframe(5, 64, 64, bits_allocated=16, signed=True),
@@ -369,7 +419,7 @@ async def test_worker_dead_letters_persistent_failures_and_keeps_going(stack: St
 
     plan = FaultPlan(
         [
-            always(Status.slow_down(), "fail/head-503.dcm", "HEAD"),
+            always(Status.slow_down(), "fail/first-503.dcm"),
             always(Status.internal_error(), "fail/chunk-500.dcm", range=r"^bytes=[1-9]"),
             always(Status.access_denied(), "fail/denied.dcm"),
             always(ShortBody(0.5, honest_length=True), "fail/truncated.dcm"),
@@ -381,13 +431,13 @@ async def test_worker_dead_letters_persistent_failures_and_keeps_going(stack: St
     assert run.processed == set(good)
     await assert_bit_exact(stack, run, good)
     assert {k: (d["reason"], d["attempts"]) for k, d in run.dead.items()} == {
-        "fail/head-503.dcm": ("source_unavailable", MAX_ATTEMPTS),
+        "fail/first-503.dcm": ("source_unavailable", MAX_ATTEMPTS),
         "fail/chunk-500.dcm": ("source_unavailable", MAX_ATTEMPTS),
         "fail/denied.dcm": ("access_denied", 1),
         "fail/truncated.dcm": ("truncated_body", MAX_ATTEMPTS),
     }
-    assert len(plan.seen("HEAD", "fail/head-503.dcm")) == MAX_ATTEMPTS  # bounded
-    assert len(plan.seen("GET", "fail/head-503.dcm")) == 0
+    assert len(plan.seen("GET", "fail/first-503.dcm")) == MAX_ATTEMPTS  # bounded
+    assert plan.seen("HEAD", "fail/first-503.dcm") == []  # no HEAD: the first GET tells all
     assert len(plan.seen("GET", "fail/denied.dcm")) == 1  # a 403 is not retried
     assert len(plan.seen("GET", "fail/truncated.dcm")) == MAX_ATTEMPTS
     assert plan.injected["short_body_declared"] == MAX_ATTEMPTS
@@ -404,7 +454,7 @@ async def test_worker_rereads_an_object_replaced_while_read(stack: Stack) -> Non
     objects = {
         "replace/large.dcm": old_large,  # replaced at its 3rd ranged GET (a Pixel Data chunk)
         "replace/small.dcm": slices[0],  # replaced at its first GET
-        "replace/restless.dcm": slices[0],  # replaced at every GET
+        "replace/restless.dcm": old_large,  # replaced at every GET
         "ok/CT_small.dcm": example_bytes("CT_small.dcm"),
     }
     names = fresh_names(stack)
@@ -413,9 +463,9 @@ async def test_worker_rereads_an_object_replaced_while_read(stack: Stack) -> Non
         [
             Rule(Replace((new_large,)), key="replace/large.dcm", bucket=src, skip=2),
             Rule(Replace((slices[1],)), key="replace/small.dcm", bucket=src),
-            # alternate, so each PUT changes the ETag the last HEAD saw
+            # alternate, so each PUT changes the ETag the first GET saw
             Rule(
-                Replace((slices[1], slices[0])), key="replace/restless.dcm", bucket=src, times=None
+                Replace((new_large, old_large)), key="replace/restless.dcm", bucket=src, times=None
             ),
         ]
     )
@@ -434,12 +484,18 @@ async def test_worker_rereads_an_object_replaced_while_read(stack: Stack) -> Non
     )
     restless = run.dead["replace/restless.dcm"]
     assert (restless["reason"], restless["attempts"]) == ("object_changed", 3)
-    assert len(plan.seen("HEAD", "replace/restless.dcm")) == 3
+    assert len(first_gets(plan, "replace/restless.dcm")) == 3
     assert list(run.dead) == ["replace/restless.dcm"]
     # the large object was read twice from the start: the old version, then the new one
-    large_heads = plan.seen("HEAD", "replace/large.dcm")
-    assert len(large_heads) == 2
-    assert plan.injected["replace"] == 2 + 3
+    assert len(first_gets(plan, "replace/large.dcm")) == 2
+    # a small object is read in one GET, which cannot mix versions: no re-read was needed
+    assert len(plan.seen("GET", "replace/small.dcm")) == 1
+    assert plan.injected["replace"] >= 2 + 3 * 2  # restless: replaced at every GET, 2+ a try
+
+
+def first_gets(plan: FaultPlan, key: str) -> list[Any]:
+    """The GETs that began a read of ``key`` from its first byte (one per version tried)."""
+    return [r for r in plan.seen("GET", key) if (r.range or "").startswith("bytes=0-")]
 
 
 async def test_worker_rereads_a_replaced_object_whose_output_is_multipart(stack: Stack) -> None:
@@ -455,4 +511,4 @@ async def test_worker_rereads_a_replaced_object_whose_output_is_multipart(stack:
     assert run.dead == {}
     assert run.processed == {"huge.dcm"}
     await assert_bit_exact(stack, run, {"huge.dcm": new})
-    assert len(plan.seen("HEAD", "huge.dcm")) == 2
+    assert len(first_gets(plan, "huge.dcm")) == 2
