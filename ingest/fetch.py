@@ -7,7 +7,7 @@ learns the object's size, ETag and version from the answer (``Content-Range``,
 ``If-Match`` with that ETag, so a range can never mix bytes of two versions: a
 replaced object answers 412, which becomes ``ObjectChanged``. The GETs run in
 worker threads on ``http.client`` connections and write into the slot with
-``readinto`` (``threaded_get.py`` says why), at most ``fetch_concurrency`` at
+``readinto`` (``threaded_http.py`` says why), at most ``fetch_concurrency`` at
 once. A cancelled read aborts its socket and waits for its thread, so a slot
 is never written after it was given back.
 
@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import anyio
@@ -47,15 +48,17 @@ from ingest.errors import (
 from ingest.planning import ByteRange
 from ingest.retry import with_retries
 from ingest.settings import Settings
-from ingest.threaded_get import (
+from ingest.threaded_http import (
     Answer,
     BodyCut,
     ConnectionPool,
     HttpStatusError,
     Transfer,
     get_into,
+    put_from,
 )
 
+T = TypeVar("T")
 PRESIGN_EXPIRES_S = 12 * 3600  # a presigned URL outlives the slowest object read with it
 _TRANSIENT_CODES = {
     "SlowDown",
@@ -121,7 +124,8 @@ class S3Source:
         self._settings = settings
         self._stack = AsyncExitStack()
         self._client: Any = None
-        self._threads = anyio.CapacityLimiter(settings.fetch_concurrency)
+        # GETs are bounded by the pipeline's fetch limit; the sink's PUTs come on top
+        self._threads = anyio.CapacityLimiter(2 * settings.fetch_concurrency)
         self._pool = ConnectionPool(
             connect_timeout_s=min(10.0, settings.read_timeout_s),
             read_timeout_s=settings.read_timeout_s,
@@ -198,12 +202,20 @@ class S3Source:
         params: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if version_id:
             params["VersionId"] = version_id
+        return await self.presign("get_object", **params)
+
+    async def presign(self, operation: str, **params: Any) -> str:
+        """A presigned URL for one request (the sink's PUTs).
+
+        Raises:
+            SourceError: no credentials, or the request could not be signed.
+        """
         try:
             url: str = await self._client.generate_presigned_url(
-                "get_object", Params=params, ExpiresIn=PRESIGN_EXPIRES_S
+                operation, Params=params, ExpiresIn=PRESIGN_EXPIRES_S
             )
         except Exception as exc:
-            raise translate_s3_error(exc, "presign GET") from exc
+            raise translate_s3_error(exc, f"presign {operation}") from exc
         return url
 
     async def read_first(self, url: str, into: memoryview) -> tuple[ObjectHead, int]:
@@ -281,16 +293,31 @@ class S3Source:
         return await with_retries(self._settings, call)
 
     async def _get_once(self, url: str, headers: dict[str, str], target: memoryview) -> Answer:
-        """One GET in a thread. On cancellation the socket is shut and the thread awaited."""
+        return await self._in_thread(
+            lambda transfer: get_into(self._pool, url, headers, target, transfer)
+        )
+
+    async def put_from(self, url: str, headers: dict[str, str], body: list[memoryview]) -> str:
+        """One PUT of ``body`` (not joined) to a presigned URL, in a thread; the ETag.
+
+        Not retried and not translated: the sink does both, as for its other calls.
+        """
+        return await self._in_thread(
+            lambda transfer: put_from(self._pool, url, headers, body, transfer)
+        )
+
+    async def _in_thread(self, work: Callable[[Transfer], T]) -> T:
+        """Run one request in a thread. On cancellation the socket is shut and the thread
+        awaited, so the request never touches its memory after this returns."""
         transfer = Transfer()
         loop = asyncio.get_running_loop()
         finished = asyncio.Event()
 
-        def run() -> Answer:
+        def run() -> T:
             if not transfer.begin():
-                raise OSError("the GET was cancelled before it began")
+                raise OSError("the request was cancelled before it began")
             try:
-                return get_into(self._pool, url, headers, target, transfer)
+                return work(transfer)
             finally:
                 loop.call_soon_threadsafe(finished.set)
 
@@ -301,5 +328,5 @@ class S3Source:
         except anyio.get_cancelled_exc_class():
             if transfer.abort():
                 with anyio.CancelScope(shield=True):
-                    await finished.wait()  # the thread no longer writes into ``target``
+                    await finished.wait()  # the thread no longer uses the memory
             raise

@@ -25,7 +25,7 @@ import numpy as np
 from anyio.abc import TaskGroup
 
 from ingest.errors import SinkError
-from ingest.fetch import translate_s3_error
+from ingest.fetch import S3Source, translate_s3_error
 from ingest.retry import with_retries
 from ingest.settings import Settings
 
@@ -73,7 +73,7 @@ class ArrayWriter:
         header = npy_header(shape, dtype)
         self.payload = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         self.total = len(header) + self.payload
-        self._pieces: list[memoryview] = [memoryview(header)]  # joined once per part
+        self._pieces: list[memoryview] = [memoryview(header)]  # sent as they are, never joined
         self._buffered = len(header)
         self._written = 0
         self._upload = _Upload()
@@ -119,8 +119,9 @@ class ArrayWriter:
     async def write(self, values: np.ndarray | None) -> None:
         """Append output values (any shape, C order, the writer's dtype).
 
-        The writer keeps views of the arrays and copies each byte once, when a
-        part is joined; the caller must not modify ``values`` afterwards.
+        The writer keeps views of the arrays and sends them as they are (the
+        kernel's copy into the socket is the only one); the caller must not
+        modify ``values`` afterwards.
         """
         if values is None:
             raise _PermanentSinkError("no host values to write (the device kept them)")
@@ -135,8 +136,8 @@ class ArrayWriter:
             while self._buffered >= self._part_size:
                 await self._start_part(self._take(self._part_size))
 
-    def _take(self, size: int) -> bytes:
-        """The next ``size`` buffered bytes (all of them with ``size=-1``), copied once."""
+    def _take(self, size: int) -> list[memoryview]:
+        """The next ``size`` buffered bytes (all of them with ``size=-1``), as views (no copy)."""
         size = self._buffered if size < 0 else size
         views: list[memoryview] = []
         taken = 0
@@ -150,9 +151,9 @@ class ArrayWriter:
             else:
                 self._pieces[0] = piece[n:]
         self._buffered -= size
-        return b"".join(views)
+        return views
 
-    async def _start_part(self, body: bytes) -> None:
+    async def _start_part(self, body: list[memoryview]) -> None:
         if self._upload.upload_id is None:
             self._upload.upload_id = await self._sink._create_upload(self._key)
         number = len(self._upload.parts) + 1
@@ -161,7 +162,7 @@ class ArrayWriter:
         assert self._group is not None
         self._group.start_soon(self._put_part, number, body)
 
-    async def _put_part(self, number: int, body: bytes) -> None:
+    async def _put_part(self, number: int, body: list[memoryview]) -> None:
         try:
             etag = await self._sink._upload_part(self._key, self._upload.upload_id, number, body)
             self._upload.parts[number - 1]["ETag"] = etag
@@ -210,10 +211,13 @@ class DiscardWriter:
 
 
 class OutputSink:
-    """Writes outputs to the output bucket through an aiobotocore S3 client."""
+    """Writes outputs to the output bucket: data PUTs through ``S3Source.put_from``
+    (threads, presigned, bodies never joined); the multipart bookkeeping through
+    the aiobotocore client."""
 
-    def __init__(self, client: Any, settings: Settings, parts_in_flight: int = 4) -> None:
-        self._client = client
+    def __init__(self, source: S3Source, settings: Settings, parts_in_flight: int = 4) -> None:
+        self._source = source
+        self._client = source.client
         self.settings = settings
         self.parts_in_flight = parts_in_flight
 
@@ -222,21 +226,23 @@ class OutputSink:
             return DiscardWriter()
         return ArrayWriter(self, key, shape, dtype)
 
-    async def put(self, key: str, body: bytes, content_type: str) -> None:
+    async def put(self, key: str, body: list[memoryview], content_type: str) -> None:
         """One PUT, retried on transient failures.
 
         Raises:
             SinkError: the write failed for good.
         """
+        url = await self._presign("put_object", Key=key, ContentType=content_type)
+        headers = {"Content-Type": content_type}
 
         async def call() -> None:
-            await self._call("put_object", Key=key, Body=io.BytesIO(body), ContentType=content_type)
+            await self._put(url, headers, body, "put_object")
 
         await with_retries(self.settings, call)
 
     async def put_json(self, key: str, document: Mapping[str, Any]) -> None:
         body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-        await self.put(key, body, "application/json")
+        await self.put(key, [memoryview(body)], "application/json")
 
     async def _create_upload(self, key: str) -> str:
         async def call() -> str:
@@ -247,14 +253,34 @@ class OutputSink:
 
         return await with_retries(self.settings, call)
 
-    async def _upload_part(self, key: str, upload_id: str | None, number: int, body: bytes) -> str:
+    async def _upload_part(
+        self, key: str, upload_id: str | None, number: int, body: list[memoryview]
+    ) -> str:
+        url = await self._presign("upload_part", Key=key, UploadId=upload_id, PartNumber=number)
+
         async def call() -> str:
-            resp = await self._call(
-                "upload_part", Key=key, UploadId=upload_id, PartNumber=number, Body=io.BytesIO(body)
-            )
-            return str(resp["ETag"])
+            return await self._put(url, {}, body, "upload_part")
 
         return await with_retries(self.settings, call)
+
+    async def _presign(self, operation: str, **params: Any) -> str:
+        try:
+            return await self._source.presign(
+                operation, Bucket=self.settings.output_bucket, **params
+            )
+        except Exception as exc:
+            raise _PermanentSinkError(f"{operation}: {exc}") from exc
+
+    async def _put(
+        self, url: str, headers: dict[str, str], body: list[memoryview], operation: str
+    ) -> str:
+        try:
+            etag = await self._source.put_from(url, headers, body)
+        except Exception as exc:
+            raise self._translate(exc, operation) from exc
+        if not etag:
+            raise SinkError(f"{operation}: the answer had no ETag")
+        return etag
 
     async def _complete_upload(
         self, key: str, upload_id: str | None, parts: list[dict[str, Any]]
@@ -281,11 +307,14 @@ class OutputSink:
                     Bucket=self.settings.output_bucket, **kwargs
                 )
         except Exception as exc:
-            error = translate_s3_error(exc, operation)
-            sink_error = SinkError(f"{operation}: {error}")
-            if not error.retriable:
-                sink_error = _PermanentSinkError(f"{operation}: {error}")
-            raise sink_error from exc
+            raise self._translate(exc, operation) from exc
+
+    @staticmethod
+    def _translate(exc: Exception, operation: str) -> SinkError:
+        error = translate_s3_error(exc, operation)
+        if not error.retriable:
+            return _PermanentSinkError(f"{operation}: {error}")
+        return SinkError(f"{operation}: {error}")
 
 
 class _PermanentSinkError(SinkError):

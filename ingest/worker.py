@@ -174,7 +174,7 @@ class Worker:
             stage = DeviceStage(thread, s)
             fetch_limit = anyio.CapacityLimiter(s.fetch_concurrency)
             hook = load_hook(s.hook) if s.hook else None
-            sink = OutputSink(source.client, s)
+            sink = OutputSink(source, s)
             self._ctx = Context(s, source, sink, ring, stage, fetch_limit, hook)
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)

@@ -512,3 +512,36 @@ async def test_worker_rereads_a_replaced_object_whose_output_is_multipart(stack:
     assert run.processed == {"huge.dcm"}
     await assert_bit_exact(stack, run, {"huge.dcm": new})
     assert len(first_gets(plan, "huge.dcm")) == 2
+
+
+async def test_worker_retries_output_faults_and_dead_letters_a_denied_output(
+    stack: Stack,
+) -> None:
+    """Output PUTs (single, multipart parts, sidecars) go through the same retry policy."""
+    objects = {
+        "small/CT_small.dcm": example_bytes("CT_small.dcm"),
+        "multi/big.dcm": synthetic_multiframe(70, 256, 256, bits_allocated=8),  # 18 MB out
+        **{f"ct/{k}": d for k, d in synthetic_ct_series(3, rows=128, columns=128)},
+    }
+    denied = {"denied/MR_small.dcm": example_bytes("MR_small.dcm")}
+    names = fresh_names(stack)
+    out = names.output_bucket
+    plan = FaultPlan(
+        [
+            Rule(Status.internal_error(), "PUT", "*.npy", out, times=4, per_request=1),
+            Rule(Status.slow_down(), "PUT", "*.json", out, times=2, per_request=1),
+            Rule(Status.access_denied(), "PUT", "*/denied/*", out, times=None),
+        ]
+    )
+
+    run = await run_worker_through(
+        stack, plan, {**objects, **denied}, names, part_size=str(256 * 1024)
+    )
+
+    assert run.processed == set(objects)
+    await assert_bit_exact(stack, run, objects)
+    assert [r.fired for r in plan.rules[:2]] == [4, 2]
+    big = f"out/{names.source_bucket}/multi/big.dcm.npy"
+    assert sum("uploadId" in r.query for r in plan.seen("PUT", big, out)) >= 2  # multipart
+    dead = run.dead["denied/MR_small.dcm"]
+    assert (dead["reason"], dead["attempts"]) == ("sink", 1), dead

@@ -1,20 +1,21 @@
-"""Ranged GETs over plain ``http.client`` connections, run in worker threads, into caller memory.
+"""S3 data requests on plain ``http.client`` connections, run in worker threads.
 
-Why the object bytes do not go through aiobotocore: every body byte read
-through aiohttp passes the one event-loop thread (about 1 GB/s per core,
-measured; docs/benchmarks.md) and is copied out of a ``bytes`` chunk. Here a
-worker thread reads the socket with ``readinto`` straight into the ring slot:
-one copy (kernel to slot), the GIL released while the kernel copies, and one
-thread per range in flight, so reads use every core.
+Ranged GETs read into caller memory (``get_into``); PUTs send from it
+(``put_from``). Why the bytes do not go through aiobotocore: every body byte
+read or written through aiohttp passes the one event-loop thread (about
+1 GB/s per core, measured; docs/benchmarks.md) and is copied into or out of
+``bytes``. Here a worker thread reads the socket with ``readinto`` straight
+into the ring slot, or hands the output arrays' own memory to ``sendall``:
+the kernel does the only copy, the GIL is released meanwhile, and there is
+one thread per request in flight, so transfers use every core.
 
-Requests are presigned once per object (SigV4 query authentication, by
-botocore in ``fetch.py``), so a thread needs nothing from the event loop and
-no signing per range. Extra headers (``Range``, ``If-Match``) are sent
-unsigned, which S3 allows.
+Requests are presigned (SigV4 query authentication, by botocore in
+``fetch.py`` and ``sink.py``), so a thread needs nothing from the event loop.
+Extra headers (``Range``, ``If-Match``) are sent unsigned, which S3 allows.
 
 Everything here is blocking and thread-safe: ``ConnectionPool`` hands each
 thread its own keep-alive connection, and ``Transfer.abort`` (from any
-thread) shuts the socket of a GET in progress so a cancelled read ends at
+thread) shuts the socket of a request in progress so a cancelled read ends at
 once instead of at its timeout. Failures leave as ``HttpStatusError`` (the
 server answered an error status), ``BodyCut`` (the body ended or broke
 before its length) or the socket's own ``OSError``/``TimeoutError``;
@@ -203,6 +204,53 @@ def get_into(
         response = conn.getresponse()
         answer, reusable = _read_body(response, target)
         return answer
+    finally:
+        transfer.attach(None)
+        if reusable:
+            pool.give(parts.scheme, parts.netloc, conn)
+        else:
+            conn.close()
+
+
+def put_from(
+    pool: ConnectionPool,
+    url: str,
+    headers: dict[str, str],
+    body: list[memoryview],
+    transfer: Transfer | None = None,
+) -> str:
+    """PUT the concatenation of ``body`` to ``url`` without joining it (blocking); the ETag.
+
+    Raises:
+        HttpStatusError: any status but 200.
+        OSError, TimeoutError: connecting, sending or reading the answer failed.
+    """
+    parts = urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    transfer = transfer or Transfer()
+    conn = pool.take(parts.scheme, parts.netloc)
+    reusable = False
+    try:
+        if conn.sock is None:
+            conn.connect()
+        conn.sock.settimeout(pool.read_timeout_s)
+        transfer.attach(conn.sock)
+        if transfer.aborted:
+            raise OSError("the PUT was aborted")
+        conn.putrequest("PUT", path, skip_accept_encoding=True)
+        for name, value in {**headers, "Content-Length": str(sum(map(len, body)))}.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        for piece in body:
+            conn.send(piece)
+        response = conn.getresponse()
+        answer = response.read(ERROR_BODY_LIMIT)
+        if response.status != 200:
+            match = _CODE.search(answer)
+            code = match.group(1).decode("ascii", "replace") if match else ""
+            raise HttpStatusError(response.status, code, f"S3 answered {response.status} {code}")
+        reusable = response.isclosed()
+        return (response.getheader("ETag") or "").strip()
     finally:
         transfer.attach(None)
         if reusable:
