@@ -208,16 +208,20 @@ class CudaRunner:
             self._copy(
                 self._dev_params.ptr, self._host_params.ptr, packed.nbytes, rt.memcpyHostToDevice
             )
-            events = self._events_for(2 * len(valid) + 2)
-            start, launched, h2d, d2h = (
+            n = len(valid)
+            events = self._events_for(3 * n + 1)
+            launched, before, h2d, d2h = (
                 events[0],
-                events[1],
-                events[2 : 2 + len(valid)],
-                events[2 + len(valid) :],
+                events[1 : 1 + n],
+                events[1 + n : 1 + 2 * n],
+                events[1 + 2 * n :],
             )
-            start.record(stream)
-            for k, source in enumerate(sources):
+            for source in sources:
                 self._pageable_check(source)
+            # An event on each side of each copy: the copy's own time on the DMA engine,
+            # whatever gaps the host leaves between issuing them.
+            for k, source in enumerate(sources):
+                before[k].record(stream)
                 self._copy(src_ptrs[k], source.ctypes.data, source.nbytes, rt.memcpyHostToDevice)
                 h2d[k].record(stream)
             params = self._dev_params.memory
@@ -265,7 +269,7 @@ class CudaRunner:
                 host,
                 kept.get(k),
                 "cuda",
-                ms(h2d[k - 1] if k else start, h2d[k]) / 1000.0,
+                ms(before[k], h2d[k]) / 1000.0,
                 kernel_s,
                 ms(d2h[k - 1] if k else launched, d2h[k]) / 1000.0,
             )
