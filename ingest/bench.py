@@ -7,12 +7,15 @@ the ceilings (``curl``, ``threads``, ``kvikio-raw``), the ``naive`` path,
 ``kvikio`` (GPU only), ``ours`` (the real worker through the broker, S3 sink
 on) and ``ours-hook`` (sink off, arrays handed to a no-op user hook on the
 device), each with one warm-up pass that is discarded and ``repeats`` measured
-passes; then, with ``--sweep``, ours on the large object across part sizes and
-fetch concurrencies. It writes a JSON file with every figure, prints the tables of
-ratios and targets, and draws PNG plots when matplotlib is installed.
+passes; with ``--processes LIST``, for each N, ``ours-hook-pN`` and ``ours-pN``:
+N real worker processes in one consumer group (``bench_scaled``); then, with
+``--sweep``, ours on the large object across part sizes and fetch concurrencies.
+It writes a JSON file with every figure, prints the tables of ratios and
+targets, and draws PNG plots when matplotlib is installed.
 
 Modules: ``bench_workloads`` (objects), ``bench_readers`` (CPU references),
 ``bench_gpu`` (KvikIO, pinned-copy reference), ``bench_ours`` (the worker),
+``bench_scaled`` (N worker processes, measured from outside),
 ``bench_measure`` (time, CPU, RSS), ``bench_report`` (ratios, table, files).
 """
 
@@ -40,7 +43,17 @@ from ingest import bench_gpu
 from ingest.bench_measure import Meter, MiB, load_watch, machine_info, summarize
 from ingest.bench_ours import HOOK_SPEC, OursRunner
 from ingest.bench_readers import CurlReader, NaiveReader, Reader, ThreadsReader, curl_missing
-from ingest.bench_report import method, notes, plots, print_tables, ratios, targets, write_json
+from ingest.bench_report import (
+    method,
+    notes,
+    plots,
+    print_tables,
+    ratios,
+    scaling,
+    targets,
+    write_json,
+)
+from ingest.bench_scaled import ScaledRunner, ScaledSpec, scaled_label
 from ingest.bench_workloads import (
     BenchObject,
     S3Target,
@@ -55,6 +68,7 @@ from ingest.stack import Stack, create_topics, embedded_stack, weed_bin
 WORKLOADS = ("ct", "large", "mix")
 READERS = ("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours", "ours-hook")
 OURS_MODES = {"ours": {"SINK": "s3"}, "ours-hook": {"SINK": "none", "HOOK": HOOK_SPEC}}
+SCALED_MODES = ("ours-hook", "ours")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +90,9 @@ class BenchConfig:
     device: str = "auto"
     plots: bool = True
     worker_settings: tuple[tuple[str, str], ...] = ()  # extra DICOM_INGEST_* for ours
+    processes: tuple[int, ...] = ()  # scaled mode: N worker processes per run; () = not run
+    gpus: str = ""  # scaled mode: --gpus of the workers, e.g. "0,1"
+    scaled_modes: tuple[str, ...] = SCALED_MODES
 
 
 class _Steps:
@@ -109,7 +126,7 @@ def _target(config: BenchConfig, stack: Stack | None, token: str) -> S3Target:
     return S3Target(endpoint, region, key, secret, f"bench-{token}-src", f"bench-{token}-out")
 
 
-def _settings(
+def _environment(
     config: BenchConfig,
     target: S3Target,
     bootstrap: str,
@@ -117,7 +134,8 @@ def _settings(
     label: str,
     mode: str,
     **tune: int,
-) -> Settings:
+) -> dict[str, str]:
+    """The ``DICOM_INGEST_*`` of a worker of ours for one run (topic and group of its own)."""
     env = {
         "DICOM_INGEST_KAFKA_BOOTSTRAP": bootstrap,
         "DICOM_INGEST_S3_ENDPOINT_URL": target.endpoint_url,
@@ -139,7 +157,19 @@ def _settings(
     }
     env.update({f"DICOM_INGEST_{k}": v for k, v in OURS_MODES[mode].items()})
     env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in config.worker_settings})
-    return load_settings(env)
+    return env
+
+
+def _settings(
+    config: BenchConfig,
+    target: S3Target,
+    bootstrap: str,
+    token: str,
+    label: str,
+    mode: str,
+    **tune: int,
+) -> Settings:
+    return load_settings(_environment(config, target, bootstrap, token, label, mode, **tune))
 
 
 def _skipped(status: str, note: str, short: str) -> dict[str, Any]:
@@ -209,6 +239,34 @@ async def _run_ours(
         "output_dtype": settings.output_dtype, "device": settings.device,
         "backend": runner.worker.backend, "sink": settings.sink, "hook": settings.hook,
     }  # fmt: skip
+    return result
+
+
+async def _run_scaled(
+    config: BenchConfig,
+    target: S3Target,
+    bootstrap: str,
+    token: str,
+    workload: Workload,
+    mode: str,
+    processes: int,
+    pids: list[int],
+    logs: Path,
+) -> dict[str, Any]:
+    """``mode`` with ``processes`` worker processes in one group (``bench_scaled``)."""
+    label = scaled_label(mode, processes)
+    if len(workload.objects) < 2:
+        return _skipped("skipped", "one object cannot be spread over processes", "one object")
+    env = _environment(config, target, bootstrap, token, f"{workload.name}-{label}", mode)
+    spec = ScaledSpec(
+        processes, config.gpus, env, target.source_bucket,
+        logs / f"{workload.name}-{label}.log", tuple(pids),
+    )  # fmt: skip
+    runner = ScaledRunner(spec)
+    result = await runner.measure(
+        workload.objects, workload.objects, config.repeats, workload.name == "ct"
+    )
+    result["mode"] = mode
     return result
 
 
@@ -283,6 +341,15 @@ async def run_bench(
                                 _measure_reader, reader, workload, config.repeats, pids
                             )
                     steps.done()
+                for processes in config.processes:
+                    for mode in config.scaled_modes:
+                        label = scaled_label(mode, processes)
+                        steps.label(f"{name}: {label}")
+                        results[label] = await _run_scaled(
+                            config, target, bootstrap, token, workload, mode, processes, pids,
+                            Path(tmp),
+                        )  # fmt: skip
+                        steps.done()
             if config.sweep and "large" in workloads:
                 report["sweeps"] = await _sweeps(
                     config, target, bootstrap, token, workloads["large"], warm, pids, steps
@@ -290,6 +357,7 @@ async def run_bench(
             report["h2d_reference"] = _h2d_reference(config, gpu is not None)
     report["finished"] = datetime.now(UTC).isoformat()
     report["ratios"] = ratios(report)
+    report["scaling"] = scaling(report)
     report["targets"] = targets(report)
     report["notes"] = notes(report)
     _write(report, config, started, console)
@@ -344,7 +412,8 @@ def _h2d_reference(config: BenchConfig, has_gpu: bool) -> dict[str, Any]:
 
 def _count_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_parts_mb) + len(config.sweep_concurrency) if config.sweep else 0
-    return len(config.workloads) * len(config.readers) + sweep
+    scaled = len(config.processes) * len(config.scaled_modes)
+    return len(config.workloads) * (len(config.readers) + scaled) + sweep
 
 
 def _write(

@@ -12,6 +12,9 @@ What each figure means (the JSON's ``method`` repeats this):
   >= 4.0). Where that is refused the figure is the peak since the process
   started, and ``peak_rss_reset`` says so. Child processes' peak is
   ``ru_maxrss`` of ``RUSAGE_CHILDREN`` (the largest child ever reaped).
+- ``TreeMeter`` measures another process and its descendants instead (the
+  scaled runs' worker processes): CPU from ``/proc/PID/stat`` of the tree,
+  ``VmHWM`` of each descendant, reset through its ``/proc/PID/clear_refs``.
 """
 
 from __future__ import annotations
@@ -190,6 +193,108 @@ class Meter:
             rss_before_bytes=self._rss_before,
             load_1m=os.getloadavg()[0],
             other_cpu_s=max(0.0, self._busy_end - self._busy - ours - server),
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# A process tree (bench_scaled: the supervisor and its workers)
+
+
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant (from the parent PIDs in ``/proc/*/stat``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(_stat_fields(int(entry))[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def pid_status_kib(pid: int, name: str) -> int:
+    """A ``/proc/PID/status`` field in KiB (``VmHWM``, ``VmRSS``); 0 when unreadable."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_peak_rss_of(pid: int) -> bool:
+    """``reset_peak_rss`` for another process of ours; False where the kernel refuses."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass(slots=True)
+class TreeMeter:
+    """Brackets one pass: CPU of the process tree, each child's peak RSS, servers, contention."""
+
+    root: int
+    server_pids: Sequence[int]
+    pids: list[int] = field(default_factory=list)
+    children: list[int] = field(default_factory=list)
+    reset_ok: bool = False
+    rss_before: int = 0
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.pids = process_tree(self.root)
+        # a supervisor's workers are its children; a lone worker (N = 1) is the root itself
+        self.children = [p for p in self.pids if p != self.root] or [self.root]
+        self.reset_ok = all([reset_peak_rss_of(p) for p in self.children])
+        self.rss_before = sum(pid_status_kib(p, "VmRSS") * 1024 for p in self.children)
+        self.marks = self._read()
+
+    def _read(self) -> dict[str, float]:
+        return {
+            "tree": process_cpu_s(self.pids),
+            "server": process_cpu_s(self.server_pids),
+            "busy": machine_busy_s(),
+            "self": time.process_time(),
+        }
+
+    def run(self, nbytes: int, objects: int, seconds: float) -> Run:
+        end = self._read()
+        d = {k: end[k] - self.marks[k] for k in end}
+        peaks = [pid_status_kib(p, "VmHWM") * 1024 for p in self.children]
+        changed = sorted(process_tree(self.root)) != sorted(self.pids)
+        return Run(
+            seconds=seconds,
+            bytes=nbytes,
+            objects=objects,
+            cpu_s=0.0,  # the workers' CPU is in child_cpu_s; the bench's own is bench_cpu_s
+            child_cpu_s=d["tree"],
+            server_cpu_s=d["server"],
+            peak_rss_bytes=max(peaks, default=0),
+            child_peak_rss_bytes=max(peaks, default=0),
+            rss_before_bytes=self.rss_before,
+            load_1m=os.getloadavg()[0],
+            other_cpu_s=max(0.0, d["busy"] - d["tree"] - d["server"] - d["self"]),
+            extra={
+                "bench_cpu_s": d["self"],
+                "child_peak_rss_each": peaks,
+                "child_peak_rss_total": sum(peaks),
+                "peak_rss_reset": self.reset_ok,
+                "processes_changed": changed,  # a child restarted: its CPU before is lost
+            },
         )
 
 

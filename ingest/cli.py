@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -37,6 +38,22 @@ def _parser() -> argparse.ArgumentParser:
         "worker", help="the long-running worker (SIGTERM/SIGINT: drain, commit, leave, exit 0)"
     )
     worker.add_argument("--config", type=Path, help="TOML file with settings (env wins)")
+    worker.add_argument(
+        "--processes",
+        type=_positive_int,
+        default=1,
+        help="worker processes in one consumer group (1: this process, no supervisor; N: a "
+        "supervisor starting N children, worker id + '-i', health port + i)",
+    )
+    worker.add_argument(
+        "--gpus",
+        default="",
+        metavar="LIST",
+        help="GPU ids, e.g. 0,1: CUDA_VISIBLE_DEVICES of child i is LIST[i mod len(LIST)]",
+    )
+    # Set by whoever started this worker (the supervisor for its children, the bench for
+    # its workers): stop when that process dies; tag log lines with the worker id.
+    worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
 
     demo = commands.add_parser(
         "demo", help="embedded broker + S3, sample DICOM objects, run the worker, print a table"
@@ -58,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--config", type=Path, help="TOML file with settings (env wins)")
     audit.add_argument("--print", action="store_true", help="print each decrypted record")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _csv_ints(text: str) -> tuple[int, ...]:
@@ -93,6 +117,20 @@ def _bench_parser(commands: Any) -> None:
     add("--sweep-concurrency", type=_csv_ints, default=(4, 8, 16, 32), help="for --sweep")
     add("--sweep-mode", choices=("ours-hook", "ours"), default="ours-hook", help="for --sweep")
     add("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    add(
+        "--processes",
+        type=_csv_ints,
+        default=(),
+        metavar="LIST",
+        help="scaled mode: for each N, `worker --processes N` in one group, e.g. 1,4,8",
+    )
+    add("--gpus", default="", metavar="LIST", help="scaled mode: the workers' --gpus, e.g. 0,1")
+    add(
+        "--scaled-modes",
+        type=_csv_names,
+        default=("ours-hook", "ours"),
+        help="scaled mode: ours-hook (sink off), ours (sink on)",
+    )
     add("--no-plots", action="store_true", help="skip the PNG plots")
     add(
         "--set",
@@ -113,6 +151,13 @@ def _bench_config(args: argparse.Namespace) -> Any:
     for name, sep, _ in pairs:
         if not sep or name.strip().lower() not in known:
             raise ConfigError(f"bench --set {name}: expected NAME=VALUE with a known setting")
+    if any(n < 1 for n in args.processes):
+        raise ConfigError("bench --processes: every N must be at least 1")
+    if any(m not in ("ours-hook", "ours") for m in args.scaled_modes):
+        raise ConfigError("bench --scaled-modes: ours-hook, ours")
+    from ingest.supervisor import parse_gpus
+
+    parse_gpus(args.gpus)  # a bad list fails here, not in the first scaled run
     return BenchConfig(
         out=args.out,
         endpoint=args.endpoint,
@@ -131,6 +176,9 @@ def _bench_config(args: argparse.Namespace) -> Any:
         device=args.device,
         plots=not args.no_plots,
         worker_settings=tuple((name.strip(), value) for name, _, value in pairs),
+        processes=args.processes,
+        gpus=args.gpus.strip(),
+        scaled_modes=args.scaled_modes,
     )
 
 
@@ -139,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "worker":
             configure_logging(json=True)
-            return _run(_worker, load_settings(config_file=args.config))
+            return _worker_command(args)
         if args.command == "demo":
             from ingest.demo import run_demo
 
@@ -176,6 +224,32 @@ def _run(func: object, *args: object) -> int:
     options = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
     result: int = anyio.run(func, *args, backend="asyncio", backend_options=options)  # type: ignore[arg-type]
     return result
+
+
+def _worker_command(args: argparse.Namespace) -> int:
+    """``worker``: this process (``--processes 1``), or a supervisor of N children.
+
+    Raises:
+        ConfigError: bad settings or flags (checked here, once, before any child starts).
+    """
+    from ingest.supervisor import child_specs, die_with_parent, parse_gpus, run_supervisor
+
+    gpus = parse_gpus(args.gpus)
+    settings = load_settings(config_file=args.config)
+    if args.parent_pid is not None and not die_with_parent(args.parent_pid):
+        log.warning("parent gone before start; exiting", worker=settings.worker_id)
+        return 0
+    if args.processes > 1:
+        specs = child_specs(
+            settings, args.processes, gpus, dict(os.environ), args.config, os.getpid()
+        )
+        return _run(run_supervisor, specs, settings.shutdown_deadline_s)
+    if gpus:  # before anything initialises CUDA (the device thread does, later)
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
+    if args.parent_pid is not None:
+        # Siblings share the parent's stderr: every line says whose it is.
+        structlog.contextvars.bind_contextvars(worker=settings.worker_id)
+    return _run(_worker, settings)
 
 
 async def _worker(settings: Settings) -> int:

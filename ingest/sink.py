@@ -311,10 +311,10 @@ class OutputSink:
 
     @staticmethod
     def _translate(exc: Exception, operation: str) -> SinkError:
-        error = translate_s3_error(exc, operation)
+        error = translate_s3_error(exc, operation)  # its message names the operation
         if not error.retriable:
-            return _PermanentSinkError(f"{operation}: {error}")
-        return SinkError(f"{operation}: {error}")
+            return _PermanentSinkError(str(error))
+        return SinkError(str(error))
 
 
 class _PermanentSinkError(SinkError):

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +21,9 @@ from rich.console import Console
 
 from ingest.bench import BenchConfig, run_bench
 from ingest.bench_gpu import kvikio_missing
-from ingest.bench_measure import percentile
+from ingest.bench_measure import TreeMeter, percentile, process_tree
 from ingest.bench_readers import plan_ranges
+from ingest.bench_report import scaling, targets
 from ingest.bench_workloads import BenchObject, Workload
 from ingest.cli import main
 from ingest.stack import Stack
@@ -86,6 +91,92 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
         assert all(Path(p).is_file() for p in on_disk["plots"])
     else:
         assert any("matplotlib" in n for n in on_disk["notes"])
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Path) -> None:
+    config = BenchConfig(
+        out=tmp_path, workloads=("ct",), readers=(), ct_count=4, repeats=1, plots=False,
+        processes=(2,),
+    )  # fmt: skip
+    output = io.StringIO()
+    report = await run_bench(config, stack, Console(file=output, width=160))
+    on_disk = _written(tmp_path)
+    ct = on_disk["results"]["ct"]
+    assert set(ct) == {"ours-hook-p2", "ours-p2"}
+    for label, sink in (("ours-hook-p2", "none"), ("ours-p2", "s3")):
+        entry = ct[label]
+        assert entry["status"] == "ok", entry
+        assert entry["supervisor_exit"] == 0  # SIGTERM: both children drained, exit 0
+        assert (entry["processes"], entry["partitions"], entry["settings"]["sink"]) == (2, 8, sink)
+        assert entry["workers"] == [f"bench-ct-{label}-0", f"bench-ct-{label}-1"]
+        for key in ("gb_per_s", "objects_per_s", "cpu_s", "cpu_s_per_gb", "peak_rss_bytes"):
+            assert entry["median"][key] > 0, (label, key)
+        (run,) = entry["runs"]
+        assert len(run["child_peak_rss_each"]) == 2
+        assert sum(run["backends"].values()) == 4  # "cpu" here, "cuda" on the GPU machine
+        assert entry["latency_burst"]["count"] == 4
+        assert entry["latency_paced"]["count"] == 4
+        assert entry["latency_burst"]["p50_ms"] > 0
+    assert {(r["label"], r["over_p1"]) for r in on_disk["scaling"]} == {
+        ("ours-hook-p2", None), ("ours-p2", None),  # no p1 in this run: no ratio
+    }  # fmt: skip
+    best = [t for t in report["targets"] if t["target"].startswith("CT objects/s, best scaled")]
+    assert len(best) == 1
+    assert best[0]["value"] > 0
+    assert "scaled: N worker processes" in output.getvalue()
+
+
+def _scaled_entry(objects_per_s: float, gpus: str | None) -> dict[str, Any]:
+    median = {"objects_per_s": objects_per_s, "gb_per_s": objects_per_s / 2000, "cpu_s_per_gb": 1.0}
+    return {"status": "ok", "median": median, "gpus": gpus, "latency_burst": {"p99_ms": 9.0}}
+
+
+def test_scaling_ratios_and_targets() -> None:
+    report: dict[str, Any] = {
+        "machine": {"gpu": "H200"},
+        "ratios": [],
+        "results": {
+            "ct": {
+                "ours-hook-p1": _scaled_entry(500.0, "0,1"),
+                "ours-hook-p2": _scaled_entry(950.0, "0,1"),
+                "ours-p2": _scaled_entry(300.0, "0,1"),  # no p1 of this mode: no ratio
+                "ours-hook": {"status": "ok", "median": {"objects_per_s": 1.0}},  # not scaled
+            }
+        },
+    }
+    report["scaling"] = scaling(report)
+    rows = {r["label"]: r for r in report["scaling"]}
+    assert set(rows) == {"ours-hook-p1", "ours-hook-p2", "ours-p2"}
+    assert rows["ours-hook-p2"]["over_p1"] == pytest.approx(1.9)
+    assert rows["ours-hook-p2"]["efficiency"] == pytest.approx(0.95)
+    assert rows["ours-p2"]["over_p1"] is None
+    found = {t["target"]: t for t in targets(report)}
+    best = found["CT objects/s, best scaled (ours-hook-p2)"]
+    assert (best["value"], best["status"]) == (950.0, "missed")
+    out = found["scale-out: CT ours-hook p2 / p1, GPUs 0,1"]
+    assert (out["goal"], out["status"]) == (">= 1.8", "met")
+    assert not any(name.startswith("scale-out: CT ours p") for name in found)
+
+
+def test_tree_meter_reads_a_worker_process() -> None:
+    program = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); " \
+        "time.sleep(30)"  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", program])
+    try:
+        assert child.pid in process_tree(os.getpid())
+        meter = TreeMeter(child.pid, ())
+        time.sleep(0.5)
+        meter.start()
+        run = meter.run(1000, 1, seconds=1.0).as_dict()
+    finally:
+        child.kill()
+        child.wait()
+    assert run["child_peak_rss_each"] == [run["peak_rss_bytes"]]  # a lone worker: the root
+    assert run["peak_rss_bytes"] > 64 << 20
+    assert run["cpu_s"] == run["cpu_s_children"] >= 0.0
 
 
 def test_plan_ranges_cover_every_byte_once() -> None:

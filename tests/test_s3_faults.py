@@ -528,8 +528,10 @@ async def test_worker_retries_output_faults_and_dead_letters_a_denied_output(
     out = names.output_bucket
     plan = FaultPlan(
         [
-            Rule(Status.internal_error(), "PUT", "*.npy", out, times=4, per_request=1),
-            Rule(Status.slow_down(), "PUT", "*.json", out, times=2, per_request=1),
+            Rule(Status.internal_error(), "PUT", "*/ct/*.npy", out, times=2, per_request=1),
+            Rule(Status.internal_error(), "PUT", "*/multi/*.npy", out, times=2),  # parts
+            Rule(Status.slow_down(), "PUT", "*/small/*.json", out, times=1),
+            Rule(Status.slow_down(), "PUT", "*/ct/*.json", out, times=1),
             Rule(Status.access_denied(), "PUT", "*/denied/*", out, times=None),
         ]
     )
@@ -540,7 +542,7 @@ async def test_worker_retries_output_faults_and_dead_letters_a_denied_output(
 
     assert run.processed == set(objects)
     await assert_bit_exact(stack, run, objects)
-    assert [r.fired for r in plan.rules[:2]] == [4, 2]
+    assert [r.fired for r in plan.rules[:4]] == [2, 2, 1, 1]
     big = f"out/{names.source_bucket}/multi/big.dcm.npy"
     assert sum("uploadId" in r.query for r in plan.seen("PUT", big, out)) >= 2  # multipart
     dead = run.dead["denied/MR_small.dcm"]
