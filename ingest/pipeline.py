@@ -63,7 +63,7 @@ class Processed:
     ref: ObjectRef
     head: ObjectHead
     header: DicomHeader
-    sha256: str
+    sha256: str | None  # None with ``source_hash=none``
     backend: str
     output_key: str
     sidecar_key: str
@@ -164,14 +164,39 @@ class Located:
         return Target(self.ref, self.head)
 
 
-_Done = tuple[DicomHeader, str, str, Timings]
+_Done = tuple[DicomHeader, str | None, str, Timings]
 
 
-def _parse_and_hash(data: memoryview, size: int, max_header: int) -> tuple[DicomHeader, str]:
-    header = parse_header(data, size, max_header_bytes=max_header)
+class SourceDigest:
+    """The SHA-256 of the source object, fed in order; or nothing with ``source_hash=none``.
+
+    SHA-256 is sequential: one object is hashed on one core (0.5-0.8 core-s/GB
+    measured), which caps a single large object at that rate; ``none`` is for
+    real-time use where the ETag and version identify the source well enough.
+    """
+
+    def __init__(self, settings: Settings, first: memoryview | bytes = b"") -> None:
+        self._hash = hashlib.sha256(first) if settings.source_hash == "sha256" else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._hash is not None
+
+    def update(self, data: memoryview) -> None:
+        if self._hash is not None:
+            self._hash.update(data)
+
+    def hexdigest(self) -> str | None:
+        return self._hash.hexdigest() if self._hash is not None else None
+
+
+def _parse_and_hash(
+    data: memoryview, size: int, settings: Settings
+) -> tuple[DicomHeader, str | None]:
+    header = parse_header(data, size, max_header_bytes=settings.max_header_bytes)
     if isinstance(header, NeedMoreBytes):
         raise MalformedDicom("the header does not end inside the object")
-    return header, hashlib.sha256(data).hexdigest()
+    return header, SourceDigest(settings, data).hexdigest()
 
 
 async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str) -> _Done:
@@ -180,9 +205,7 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str) -> _Done:
     size = obj.head.size
     data = slot.view[:size]
     t = time.perf_counter()
-    header, digest = await anyio.to_thread.run_sync(
-        _parse_and_hash, data, size, ctx.settings.max_header_bytes
-    )
+    header, digest = await anyio.to_thread.run_sync(_parse_and_hash, data, size, ctx.settings)
     timings.parse_s = time.perf_counter() - t
     pixels = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
     t = time.perf_counter()
@@ -237,7 +260,7 @@ async def _device(
 
 async def _read_header(
     ctx: Context, obj: Located, probe: memoryview
-) -> tuple[DicomHeader, hashlib._Hash]:
+) -> tuple[DicomHeader, SourceDigest]:
     """Parse the header from the probe (re-reading a growing prefix while the parser asks);
     returns it with a hasher that has taken the bytes before the Pixel Data."""
     size = obj.head.size
@@ -250,7 +273,7 @@ async def _read_header(
             )
         )  # fmt: skip
         if isinstance(parsed, DicomHeader):
-            return parsed, hashlib.sha256(memoryview(prefix)[: parsed.pixel_offset])
+            return parsed, SourceDigest(ctx.settings, memoryview(prefix)[: parsed.pixel_offset])
         length = len(prefix)
         if length >= size:
             raise MalformedDicom("the header does not end inside the object")
@@ -266,7 +289,7 @@ async def _read_header(
 
 
 async def _large(
-    ctx: Context, obj: Located, header: DicomHeader, hasher: hashlib._Hash, npy_key: str
+    ctx: Context, obj: Located, header: DicomHeader, hasher: SourceDigest, npy_key: str
 ) -> _Done:
     """Read the Pixel Data in chunks (and the trailer, for the hash) after the header."""
     timings = Timings()
@@ -283,12 +306,13 @@ async def _large(
         async for slot, view in reads:
             await _consume_chunk(ctx, target, header, hasher, out, chunks[index], slot, view)
             index += 1
-    async with _ordered_reads(ctx, obj, trailer) as reads:
-        async for slot, view in reads:
-            try:
-                await anyio.to_thread.run_sync(hasher.update, view)
-            finally:
-                slot.release()
+    if hasher.enabled:  # the bytes after the Pixel Data matter only to the hash
+        async with _ordered_reads(ctx, obj, trailer) as reads:
+            async for slot, view in reads:
+                try:
+                    await anyio.to_thread.run_sync(hasher.update, view)
+                finally:
+                    slot.release()
     timings.device_s = time.perf_counter() - t
     return header, hasher.hexdigest(), ctx.device.backend, timings
 
@@ -297,7 +321,7 @@ async def _consume_chunk(
     ctx: Context,
     target: Target,
     header: DicomHeader,
-    hasher: hashlib._Hash,
+    hasher: SourceDigest,
     out: ArrayWriter | DiscardWriter,
     chunk: PixelChunk,
     slot: Slot,
@@ -311,7 +335,8 @@ async def _consume_chunk(
     failure: Exception | None = None
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(anyio.to_thread.run_sync, hasher.update, view)
+            if hasher.enabled:
+                group.start_soon(anyio.to_thread.run_sync, hasher.update, view)
             try:
                 values = await _device(ctx, target, header, slot, view, chunk.first_element)
             except Exception as exc:  # raised below as it is, not wrapped in a group

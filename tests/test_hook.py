@@ -28,8 +28,11 @@ DEVICES = [
 ]
 
 
+@pytest.mark.parametrize("source_hash", ["sha256", "none"])
 @pytest.mark.parametrize("device", DEVICES)
-async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(stack: Stack, device: str) -> None:
+async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
+    stack: Stack, device: str, source_hash: str
+) -> None:
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     objects = dict(synthetic_ct_series(2, rows=64, columns=64))
@@ -42,7 +45,12 @@ async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(stack: Stack, de
     )
     hook_probe.CHUNKS.clear()
     settings = harness.make_settings(
-        stack, names, device=device, sink="none", hook="tests.hook_probe:collect"
+        stack,
+        names,
+        device=device,
+        sink="none",
+        hook="tests.hook_probe:collect",
+        source_hash=source_hash,
     )
     run = await harness.run_worker(settings, stop_after=len(objects))
     assert all(o.processed for o in run.outcomes)
@@ -60,6 +68,9 @@ async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(stack: Stack, de
     results = await harness.read_json_topic(stack, names.results_topic)
     assert len(results) == len(objects)
     assert all(r["output"] is None for r in results)
+    for r in results:  # the source digest is exact, or absent when turned off
+        want = harness.sha256(objects[r["source"]["key"]]) if source_hash == "sha256" else None
+        assert r["source"]["sha256"] == want
     async with harness.s3_client(stack) as s3:
         listing = await s3.list_objects_v2(Bucket=names.output_bucket)
     assert listing.get("KeyCount", 0) == 0  # nothing left the device
