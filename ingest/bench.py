@@ -176,6 +176,17 @@ def _skipped(status: str, note: str, short: str) -> dict[str, Any]:
     return {"status": status, "note": note, "short": short}
 
 
+def _failed_run(exc: BaseException, log_file: Path) -> dict[str, Any]:
+    """A run that raised: its error and the end of its workers' log, for the report."""
+    errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
+    note = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+    try:
+        tail = log_file.read_text(errors="replace").splitlines()[-40:]
+    except OSError:
+        tail = []
+    return _skipped("failed", note, "failed") | {"log_tail": tail}
+
+
 def _measure_reader(
     reader: Reader, workload: Workload, repeats: int, pids: list[int]
 ) -> dict[str, Any]:
@@ -255,7 +266,7 @@ async def _run_scaled(
 ) -> dict[str, Any]:
     """``mode`` with ``processes`` worker processes in one group (``bench_scaled``)."""
     label = scaled_label(mode, processes)
-    if len(workload.objects) < 2:
+    if len(workload.objects) < 2 and processes > 1:  # p1 still runs: the worker's own RSS
         return _skipped("skipped", "one object cannot be spread over processes", "one object")
     env = _environment(config, target, bootstrap, token, f"{workload.name}-{label}", mode)
     spec = ScaledSpec(
@@ -345,10 +356,15 @@ async def run_bench(
                     for mode in config.scaled_modes:
                         label = scaled_label(mode, processes)
                         steps.label(f"{name}: {label}")
-                        results[label] = await _run_scaled(
-                            config, target, bootstrap, token, workload, mode, processes, pids,
-                            Path(tmp),
-                        )  # fmt: skip
+                        try:
+                            results[label] = await _run_scaled(
+                                config, target, bootstrap, token, workload, mode, processes,
+                                pids, Path(tmp),
+                            )  # fmt: skip
+                        except Exception as exc:  # reported; the other runs still go on
+                            log_file = Path(tmp) / f"{name}-{label}.log"
+                            results[label] = _failed_run(exc, log_file)
+                            console.print(f"[red]{name}: {label} failed: {exc!r}[/red]")
                         steps.done()
             if config.sweep and "large" in workloads:
                 report["sweeps"] = await _sweeps(

@@ -19,6 +19,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from gpu.jobs import consume
 from gpu.thread import ChunkJob, ChunkResult, DeviceThread
 from ingest.errors import ProcessingError
 from ingest.settings import Settings
@@ -52,9 +53,21 @@ class DeviceStage:
 
     async def process(self, job: ChunkJob) -> ChunkResult:
         """Preprocess one chunk; returns its result or raises ``ProcessingError``."""
+        return await (await self.submit(job))
+
+    async def submit(self, job: ChunkJob) -> asyncio.Future[ChunkResult]:
+        """Queue one chunk (waits only while the stage's buffer is full); its future result.
+
+        The future raises ``ProcessingError``. Cancelling it before its batch
+        finishes drops the result; the job's ``on_consumed`` still runs.
+        """
         done: asyncio.Future[ChunkResult] = asyncio.get_running_loop().create_future()
-        await self._send.send(_Request(job, done))
-        return await done
+        try:
+            await self._send.send(_Request(job, done))
+        except BaseException:
+            consume(job)  # it never reaches the device: hand its slot reference back now
+            raise
+        return done
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Gather and dispatch batches until cancelled."""

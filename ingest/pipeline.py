@@ -12,9 +12,10 @@ true size and ETag. Then one of two paths:
 * large: the header is parsed from the probe (grown while the parser asks
   for more), then
   the Pixel Data chunks are read concurrently into slots (a window of
-  ``fetch_concurrency`` per object, a global limit across objects) and consumed
-  strictly in order: hashed and preprocessed at the same time, then streamed
-  to the output writer. Bytes after the Pixel Data are read only for the hash.
+  ``fetch_concurrency`` per object, a global limit across objects); each goes
+  to the device as soon as it is read (``DEVICE_WINDOW`` chunks in flight),
+  is hashed in order meanwhile, and its result is streamed to the output
+  writer in order. Bytes after the Pixel Data are read only for the hash.
 
 Slots are acquired in chunk order, so the earliest unfinished chunk of every
 object always holds a slot: objects cannot deadlock each other on the ring.
@@ -22,9 +23,11 @@ object always holds a slot: objects cannot deadlock each other on the ring.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -46,6 +49,7 @@ from ingest.settings import Settings
 from ingest.sink import ArrayWriter, DiscardWriter, OutputSink, output_keys
 
 MAX_VERSION_RETRIES = 3
+DEVICE_WINDOW = 4  # chunks of one large object queued on the device at once
 
 
 @dataclass(slots=True)
@@ -228,6 +232,19 @@ async def _device(
 
     Returns the host values, or None when the sink is off (a hook has the values).
     """
+    result = await ctx.device.process(_job(ctx, ref, header, slot, pixels, first_element))
+    return result.host
+
+
+def _job(
+    ctx: Context,
+    ref: Target,
+    header: DicomHeader,
+    slot: Slot,
+    pixels: memoryview,
+    first_element: int,
+) -> ChunkJob:
+    """The device job for ``pixels``; it holds its own reference to ``slot`` until copied."""
     slot.retain()
     transform = header.transform(ctx.settings.window, ctx.settings.output_dtype)
     on_result = None
@@ -244,7 +261,7 @@ async def _device(
                 )
             )  # fmt: skip
 
-    job = ChunkJob(
+    return ChunkJob(
         data=pixels,
         fmt=header.pixel,
         transform=transform,
@@ -254,8 +271,6 @@ async def _device(
         want_host=ctx.settings.sink != "none",
         on_result=on_result,
     )
-    result = await ctx.device.process(job)
-    return result.host
 
 
 async def _read_header(
@@ -302,10 +317,7 @@ async def _large(
         ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out,
         _ordered_reads(ctx, obj, [c.range for c in chunks]) as reads,
     ):
-        index = 0
-        async for slot, view in reads:
-            await _consume_chunk(ctx, target, header, hasher, out, chunks[index], slot, view)
-            index += 1
+        await _pipelined_chunks(ctx, target, header, hasher, out, chunks, reads)
     if hasher.enabled:  # the bytes after the Pixel Data matter only to the hash
         async with _ordered_reads(ctx, obj, trailer) as reads:
             async for slot, view in reads:
@@ -317,35 +329,43 @@ async def _large(
     return header, hasher.hexdigest(), ctx.device.backend, timings
 
 
-async def _consume_chunk(
+async def _pipelined_chunks(
     ctx: Context,
     target: Target,
     header: DicomHeader,
     hasher: SourceDigest,
     out: ArrayWriter | DiscardWriter,
-    chunk: PixelChunk,
-    slot: Slot,
-    view: memoryview,
+    chunks: list[PixelChunk],
+    reads: _InOrder,
 ) -> None:
-    """Hash and preprocess one chunk at the same time (both only read the slot), then write.
+    """Each chunk goes to the device as soon as it is read, up to ``DEVICE_WINDOW`` chunks
+    of this object in flight, so copies and kernels of one object overlap (one chunk at a
+    time left the device idle between round trips). The hash takes the chunks in order
+    while the device works, and results are written in order.
 
-    ``to_thread.run_sync`` is not abandoned on cancellation, so the slot is
-    released only after the hasher has finished reading it.
+    A slot is shared: the device's reference goes when its copy is done, ours when the
+    chunk is hashed (``to_thread.run_sync`` is not abandoned on cancellation, so the
+    hasher has finished reading it by then).
     """
-    failure: Exception | None = None
+    in_flight: deque[asyncio.Future[ChunkResult]] = deque()
     try:
-        async with anyio.create_task_group() as group:
-            if hasher.enabled:
-                group.start_soon(anyio.to_thread.run_sync, hasher.update, view)
+        index = 0
+        async for slot, view in reads:
             try:
-                values = await _device(ctx, target, header, slot, view, chunk.first_element)
-            except Exception as exc:  # raised below as it is, not wrapped in a group
-                failure = exc
+                job = _job(ctx, target, header, slot, view, chunks[index].first_element)
+                in_flight.append(await ctx.device.submit(job))
+                if hasher.enabled:
+                    await anyio.to_thread.run_sync(hasher.update, view)
+            finally:
+                slot.release()
+            index += 1
+            if len(in_flight) >= DEVICE_WINDOW:
+                await out.write((await in_flight.popleft()).host)
+        while in_flight:
+            await out.write((await in_flight.popleft()).host)
     finally:
-        slot.release()
-    if failure is not None:
-        raise failure
-    await out.write(values)
+        for future in in_flight:  # an error or a cancellation: nobody takes these results
+            future.cancel()
 
 
 @dataclass(slots=True)
