@@ -30,12 +30,13 @@ the latency (Kafka delivery to the worker, waiting for an in-flight permit,
 the sidecar PUT, the result and audit produces).
 
 The worker's device stage and ring are read through ``worker._ctx`` (a
-read-only peek the worker has no public API for yet); ``stage.process`` is
+read-only peek the worker has no public API for yet); ``stage.submit`` is
 wrapped on the instance to collect each chunk's host-to-device seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import time
@@ -191,15 +192,21 @@ class OursRunner:
         ctx = self.worker._ctx
         assert ctx is not None
         stage = ctx.device
-        original = stage.process
+        original = stage.submit
         chunks = self._tracker.chunks
 
-        async def process(job: ChunkJob) -> ChunkResult:
-            result = await original(job)
-            chunks.append((job.data.nbytes, result.h2d_seconds, result.kernel_seconds))
-            return result
+        async def submit(job: ChunkJob) -> asyncio.Future[ChunkResult]:
+            future = await original(job)
 
-        stage.process = process  # type: ignore[method-assign]
+            def record(done: asyncio.Future[ChunkResult]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    result = done.result()
+                    chunks.append((job.data.nbytes, result.h2d_seconds, result.kernel_seconds))
+
+            future.add_done_callback(record)
+            return future
+
+        stage.submit = submit  # type: ignore[method-assign]  # process() goes through it too
 
     async def measure(
         self,
