@@ -56,6 +56,7 @@ class Settings:
     max_objects_in_flight: int = 32
     batch_max_objects: int = 16
     batch_wait_ms: float = 2.0
+    gil_switch_ms: float = 0.5  # sys.setswitchinterval (Python: 5 ms); measured in docs
     max_attempts: int = 5
     retry_max_wait_s: float = 10.0
     read_timeout_s: float = 30.0
@@ -200,6 +201,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "max_attempts": _parse_int("max_attempts", 1, 100),
     "retry_max_wait_s": _parse_float("retry_max_wait_s", 0.0, 600.0),
     "read_timeout_s": _parse_float("read_timeout_s", 0.1, 3600.0),
+    "gil_switch_ms": _parse_float("gil_switch_ms", 0.1, 100.0),
     "max_header_bytes": _parse_int("max_header_bytes", 4096, 1024 * MiB),
     "stage_buffer": _parse_int("stage_buffer", 1, 4096),
     "worker_id": str,

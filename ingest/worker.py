@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -143,6 +144,9 @@ class Worker:
             ConfigError: the user hook cannot be loaded.
         """
         s = self.settings
+        # How long a thread that wants the GIL waits for its holder: the device thread
+        # and the GET threads give it up at every CUDA call or recv.
+        sys.setswitchinterval(s.gil_switch_ms / 1000.0)
         thread = DeviceThread(s.device)
         thread.start()
         try:
