@@ -188,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             configure_logging(json=True)
             return _worker_command(args)
+        # demo and bench own an embedded stack: SIGTERM stops them as Ctrl-C does, so
+        # their context managers stop the servers instead of leaving them behind
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         if args.command == "demo":
             from ingest.demo import run_demo
 

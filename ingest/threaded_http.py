@@ -188,28 +188,10 @@ def get_into(
         BodyCut: the body ended or broke before its length.
         OSError, TimeoutError: connecting or sending failed, or a read timed out.
     """
-    parts = urlsplit(url)
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    transfer = transfer or Transfer()
-    conn = pool.take(parts.scheme, parts.netloc)
-    reusable = False
-    try:
-        if conn.sock is None:
-            conn.connect()
-        conn.sock.settimeout(pool.read_timeout_s)
-        transfer.attach(conn.sock)
-        if transfer.aborted:
-            raise OSError("the GET was aborted")
-        conn.request("GET", path, headers=headers)
-        response = conn.getresponse()
-        answer, reusable = _read_body(response, target)
+    with _Lease(pool, url, transfer) as lease:
+        lease.conn.request("GET", lease.path, headers=headers)
+        answer, lease.reusable = _read_body(lease.conn.getresponse(), target)
         return answer
-    finally:
-        transfer.attach(None)
-        if reusable:
-            pool.give(parts.scheme, parts.netloc, conn)
-        else:
-            conn.close()
 
 
 def put_from(
@@ -225,19 +207,9 @@ def put_from(
         HttpStatusError: any status but 200.
         OSError, TimeoutError: connecting, sending or reading the answer failed.
     """
-    parts = urlsplit(url)
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    transfer = transfer or Transfer()
-    conn = pool.take(parts.scheme, parts.netloc)
-    reusable = False
-    try:
-        if conn.sock is None:
-            conn.connect()
-        conn.sock.settimeout(pool.read_timeout_s)
-        transfer.attach(conn.sock)
-        if transfer.aborted:
-            raise OSError("the PUT was aborted")
-        conn.putrequest("PUT", path, skip_accept_encoding=True)
+    with _Lease(pool, url, transfer) as lease:
+        conn = lease.conn
+        conn.putrequest("PUT", lease.path, skip_accept_encoding=True)
         for name, value in {**headers, "Content-Length": str(sum(map(len, body)))}.items():
             conn.putheader(name, value)
         conn.endheaders()
@@ -249,14 +221,48 @@ def put_from(
             match = _CODE.search(answer)
             code = match.group(1).decode("ascii", "replace") if match else ""
             raise HttpStatusError(response.status, code, f"S3 answered {response.status} {code}")
-        reusable = response.isclosed()
+        lease.reusable = response.isclosed()
         return (response.getheader("ETag") or "").strip()
-    finally:
-        transfer.attach(None)
-        if reusable:
-            pool.give(parts.scheme, parts.netloc, conn)
+
+
+class _Lease:
+    """One request's connection from the pool: connected, timed out, abortable.
+
+    It goes back to the pool on exit only if the request set ``reusable`` (its
+    answer was read to the end); otherwise it is closed.
+    """
+
+    def __init__(self, pool: ConnectionPool, url: str, transfer: Transfer | None) -> None:
+        parts = urlsplit(url)
+        self.path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self._pool = pool
+        self._where = (parts.scheme, parts.netloc)
+        self._transfer = transfer or Transfer()
+        self.conn = pool.take(*self._where)
+        self.reusable = False
+
+    def __enter__(self) -> _Lease:
+        try:
+            self._connect()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _connect(self) -> None:
+        if self.conn.sock is None:
+            self.conn.connect()
+        self.conn.sock.settimeout(self._pool.read_timeout_s)
+        self._transfer.attach(self.conn.sock)
+        if self._transfer.aborted:
+            raise OSError("the request was aborted")
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._transfer.attach(None)
+        if self.reusable:
+            self._pool.give(*self._where, self.conn)
         else:
-            conn.close()
+            self.conn.close()
 
 
 def _read_body(response: http.client.HTTPResponse, target: memoryview) -> tuple[Answer, bool]:

@@ -1,0 +1,169 @@
+"""``ingest/threaded_http.py`` against a tiny local HTTP server: ranges, reuse, errors, aborts.
+
+The S3 behaviour itself (signing, If-Match, faults) is tested against SeaweedFS
+through the fault proxy in ``test_s3_faults.py``; here are the HTTP edges a
+real S3 server rarely shows: a server that ignores ``Range``, a 206 without a
+usable ``Content-Range``, a body shorter than declared, keep-alive reuse.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+
+from ingest.threaded_http import (
+    BodyCut,
+    ConnectionPool,
+    HttpStatusError,
+    Transfer,
+    get_into,
+    put_from,
+)
+
+DATA = bytes(range(256)) * 64  # 16 KiB
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+    received: ClassVar[list[bytes]] = []
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        return
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/error"):
+            body = b"<Error><Code>SlowDown</Code><Message>later</Message></Error>"
+            self._answer(503, body, {})
+        elif self.path.startswith("/norange"):  # ignores Range: the whole body, 200
+            self._answer(200, DATA, {"ETag": '"abc"'})
+        elif self.path.startswith("/badrange"):
+            self._answer(206, DATA[:10], {"Content-Range": "bytes nonsense"})
+        elif self.path.startswith("/short"):  # declares 16 KiB, sends 1 KiB, closes
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes 0-{len(DATA) - 1}/{len(DATA)}")
+            self.send_header("Content-Length", str(len(DATA)))
+            self.end_headers()
+            self.wfile.write(DATA[:1024])
+            self.close_connection = True
+        else:
+            first, _, last = self.headers["Range"].removeprefix("bytes=").partition("-")
+            start, end = int(first), min(int(last), len(DATA) - 1)
+            headers = {
+                "Content-Range": f"bytes {start}-{end}/{len(DATA)}",
+                "ETag": '"abc"',
+                "x-amz-version-id": "v1",
+            }
+            self._answer(206, DATA[start : end + 1], headers)
+
+    def do_PUT(self) -> None:
+        length = int(self.headers["Content-Length"])
+        _Handler.received.append(self.rfile.read(length))
+        self._answer(200, b"", {"ETag": '"put-etag"'})
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def pool() -> Iterator[ConnectionPool]:
+    made = ConnectionPool(2.0, 2.0, ssl.create_default_context())
+    yield made
+    made.close()
+
+
+def test_ranges_land_in_the_target_and_connections_are_reused(
+    server: str, pool: ConnectionPool
+) -> None:
+    target = bytearray(4096)
+    for start in (0, 4096, 12288):
+        answer = get_into(
+            pool, f"{server}/obj?X-Amz-Signature=s", {"Range": f"bytes={start}-{start + 4095}"},
+            memoryview(target),
+        )  # fmt: skip
+        assert bytes(target) == DATA[start : start + 4096]
+        assert (answer.status, answer.start, answer.total) == (206, start, len(DATA))
+        assert (answer.etag, answer.version_id, answer.filled) == ("abc", "v1", 4096)
+    assert pool.opened == 1  # one keep-alive connection served all three
+
+
+def test_a_range_past_a_small_objects_end_gives_the_whole_object(
+    server: str, pool: ConnectionPool
+) -> None:
+    target = bytearray(1 << 20)
+    answer = get_into(pool, f"{server}/obj", {"Range": "bytes=0-1048575"}, memoryview(target))
+    assert (answer.filled, answer.total) == (len(DATA), len(DATA))
+    assert bytes(target[: len(DATA)]) == DATA
+
+
+def test_a_server_that_ignores_range_is_read_up_to_the_target(
+    server: str, pool: ConnectionPool
+) -> None:
+    target = bytearray(100)
+    answer = get_into(pool, f"{server}/norange", {"Range": "bytes=0-99"}, memoryview(target))
+    assert (answer.status, answer.filled, answer.total) == (200, 100, len(DATA))
+    assert bytes(target) == DATA[:100]
+    get_into(pool, f"{server}/norange", {}, memoryview(bytearray(len(DATA))))
+    assert pool.opened == 2  # the unread rest of the first answer closed its connection
+
+
+def test_error_status_carries_the_s3_code(server: str, pool: ConnectionPool) -> None:
+    with pytest.raises(HttpStatusError) as caught:
+        get_into(pool, f"{server}/error", {}, memoryview(bytearray(10)))
+    assert (caught.value.status, caught.value.code) == (503, "SlowDown")
+
+
+def test_a_206_without_a_usable_content_range_is_refused(server: str, pool: ConnectionPool) -> None:
+    with pytest.raises(HttpStatusError, match="Content-Range"):
+        get_into(pool, f"{server}/badrange", {"Range": "bytes=0-9"}, memoryview(bytearray(10)))
+
+
+def test_a_body_shorter_than_declared_is_cut_not_data(server: str, pool: ConnectionPool) -> None:
+    with pytest.raises(BodyCut) as caught:
+        get_into(pool, f"{server}/short", {"Range": "bytes=0-"}, memoryview(bytearray(len(DATA))))
+    assert (caught.value.filled, caught.value.expected) == (1024, len(DATA))
+
+
+def test_put_sends_the_pieces_in_order_without_joining(server: str, pool: ConnectionPool) -> None:
+    _Handler.received.clear()
+    pieces = [memoryview(b"header:"), memoryview(DATA), memoryview(b":end")]
+    assert put_from(pool, f"{server}/out.npy", {}, pieces) == '"put-etag"'
+    assert _Handler.received == [b"header:" + DATA + b":end"]
+
+
+def test_an_aborted_transfer_never_begins_and_a_begun_one_is_shut() -> None:
+    early = Transfer()
+    assert early.abort() is False  # not begun: nothing to wait for
+    assert early.begin() is False  # and it must not start now
+    late = Transfer()
+    assert late.begin() is True
+    left, right = socket.socketpair()
+    try:
+        late.attach(left)
+        assert late.abort() is True  # begun: the caller waits for its thread
+        assert left.recv(1) == b""  # shut down: a blocked recv returns at once
+    finally:
+        left.close()
+        right.close()
