@@ -33,7 +33,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
-import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from gpu.thread import ChunkJob, ChunkResult
@@ -214,26 +213,10 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str) -> _Done:
     pixels = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
     t = time.perf_counter()
     async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
-        values = await _device(ctx, obj.target, header, slot, pixels, 0)
+        result = await ctx.device.process(_job(ctx, obj.target, header, slot, pixels, 0))
         timings.device_s = time.perf_counter() - t
-        await out.write(values)
+        await out.write(result.host)  # None when the sink is off: a hook has the values
     return header, digest, ctx.device.backend, timings
-
-
-async def _device(
-    ctx: Context,
-    ref: Target,
-    header: DicomHeader,
-    slot: Slot,
-    pixels: memoryview,
-    first_element: int,
-) -> np.ndarray | None:
-    """Preprocess the samples in ``pixels``; the device gets its own reference to the slot.
-
-    Returns the host values, or None when the sink is off (a hook has the values).
-    """
-    result = await ctx.device.process(_job(ctx, ref, header, slot, pixels, first_element))
-    return result.host
 
 
 def _job(
@@ -244,7 +227,10 @@ def _job(
     pixels: memoryview,
     first_element: int,
 ) -> ChunkJob:
-    """The device job for ``pixels``; it holds its own reference to ``slot`` until copied."""
+    """The device job for ``pixels``; it holds its own reference to ``slot`` until copied.
+
+    Its result has the host values, or None when the sink is off (a hook has them).
+    """
     slot.retain()
     transform = header.transform(ctx.settings.window, ctx.settings.output_dtype)
     on_result = None
