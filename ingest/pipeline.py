@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -46,6 +45,7 @@ from ingest.planning import ByteRange, PixelChunk, chunk_pixels, first_read, spl
 from ingest.ring import PinnedRing, Slot
 from ingest.settings import Settings
 from ingest.sink import ArrayWriter, DiscardWriter, OutputSink, output_keys
+from ingest.source_digest import SourceDigest
 
 MAX_VERSION_RETRIES = 3
 DEVICE_WINDOW = 4  # chunks of one large object queued on the device at once
@@ -168,29 +168,6 @@ class Located:
 
 
 _Done = tuple[DicomHeader, str | None, str, Timings]
-
-
-class SourceDigest:
-    """The SHA-256 of the source object, fed in order; or nothing with ``source_hash=none``.
-
-    SHA-256 is sequential: one object is hashed on one core (0.5-0.8 core-s/GB
-    measured), which caps a single large object at that rate; ``none`` is for
-    real-time use where the ETag and version identify the source well enough.
-    """
-
-    def __init__(self, settings: Settings, first: memoryview | bytes = b"") -> None:
-        self._hash = hashlib.sha256(first) if settings.source_hash == "sha256" else None
-
-    @property
-    def enabled(self) -> bool:
-        return self._hash is not None
-
-    def update(self, data: memoryview) -> None:
-        if self._hash is not None:
-            self._hash.update(data)
-
-    def hexdigest(self) -> str | None:
-        return self._hash.hexdigest() if self._hash is not None else None
 
 
 def _parse_and_hash(
