@@ -57,13 +57,13 @@ from tests.reference import reference_array
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OK = "ok"
 BAD_NOTIFICATION = "bad_notification"
-_LIVE: set[WorkerProcess] = set()
+LIVE: set[WorkerProcess] = set()
 
 
 @atexit.register
 def _kill_leftovers() -> None:
     """A crashed test run must not leave workers behind."""
-    for process in list(_LIVE):
+    for process in list(LIVE):
         process.kill()
 
 
@@ -167,7 +167,7 @@ def expected_npy(data: bytes) -> bytes:
 # The worker as a process
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: SIGKILL it when the thread that started it dies.
 
     So a test runner killed outright (no ``finally``, no ``atexit``) leaves no
@@ -215,9 +215,9 @@ class WorkerProcess:
                 [sys.executable, "-m", "ingest.cli", "worker"],
                 cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,  # no terminal signals
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )  # fmt: skip
-        _LIVE.add(self)
+        LIVE.add(self)
         return self
 
     def __enter__(self) -> WorkerProcess:
@@ -249,7 +249,7 @@ class WorkerProcess:
         if self._popen is not None:
             self.signal(signal.SIGKILL)
             self._popen.wait()
-        _LIVE.discard(self)
+        LIVE.discard(self)
 
     async def wait(self, within_s: float) -> int | None:
         """The exit status, or None if still running after ``within_s`` seconds."""
@@ -260,7 +260,7 @@ class WorkerProcess:
         self.poll_log()
         code = self.returncode
         if code is not None:
-            _LIVE.discard(self)
+            LIVE.discard(self)
         return code
 
     def poll_log(self) -> None:
@@ -826,5 +826,5 @@ def no_orphans() -> Iterator[None]:
     try:
         yield
     finally:
-        for process in list(_LIVE):
+        for process in list(LIVE):
             process.kill()

@@ -292,9 +292,9 @@ class SupervisorProcess(WorkerProcess):
             self._popen = subprocess.Popen(
                 argv, cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,  # its own process group
-                preexec_fn=chaos._die_with_parent,  # its children die with it in turn
+                preexec_fn=chaos.die_with_parent,  # its children die with it in turn
             )  # fmt: skip
-        chaos._LIVE.add(self)
+        chaos.LIVE.add(self)
         return self
 
     def kill(self) -> None:
@@ -303,7 +303,7 @@ class SupervisorProcess(WorkerProcess):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._popen.pid, signal.SIGKILL)
             self._popen.wait()
-        chaos._LIVE.discard(self)
+        chaos.LIVE.discard(self)
 
     def lines(self) -> list[dict[str, Any]]:
         found = []
