@@ -563,19 +563,24 @@ def mutated_object(draw: st.DrawFn, base: bytes) -> bytes:
     header_end = pixel_tag_at(base) + 12
     for _ in range(draw(st.integers(1, 4))):
         limit = draw(st.sampled_from([min(len(data), header_end), len(data)]))
-        at = draw(st.integers(0, limit))
-        kind = draw(st.sampled_from(MUTATION_KINDS))
-        if kind == "flip" and at < len(data):
-            data[at] ^= 1 << draw(st.integers(0, 7))
-        elif kind == "set" and at < len(data):
-            data[at] = draw(st.sampled_from([0x00, 0xFF, 0x7F, 0x80, 0x20]))
-        elif kind == "insert":
-            data[at:at] = draw(st.binary(min_size=1, max_size=12))
-        elif kind == "delete":
-            del data[at : at + draw(st.integers(1, 40))]
-        elif kind == "truncate":
-            del data[at:]
+        mutate(draw, data, draw(st.integers(0, limit)))
     return bytes(data)
+
+
+def mutate(draw: st.DrawFn, data: bytearray, at: int) -> None:
+    """One random edit of ``data`` at ``at``: a bit flip, a byte set, an insertion,
+    a deletion or a truncation (``MUTATION_KINDS``)."""
+    kind = draw(st.sampled_from(MUTATION_KINDS))
+    if kind == "flip" and at < len(data):
+        data[at] ^= 1 << draw(st.integers(0, 7))
+    elif kind == "set" and at < len(data):
+        data[at] = draw(st.sampled_from([0x00, 0xFF, 0x7F, 0x80, 0x20]))
+    elif kind == "insert":
+        data[at:at] = draw(st.binary(min_size=1, max_size=12))
+    elif kind == "delete":
+        del data[at : at + draw(st.integers(1, 40))]
+    elif kind == "truncate":
+        del data[at:]
 
 
 def mutations(per_base: int) -> list[bytes]:

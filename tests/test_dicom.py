@@ -28,7 +28,7 @@ from ingest.errors import (
     NotDicom,
     UnsupportedDicom,
 )
-from tests.bad_inputs import edit, nested_sequences
+from tests.bad_inputs import edit, mutate, nested_sequences
 from tests.reference import reference_array
 
 PATIENT_TEXT = ("PHANTOM", "SYNTHETIC", "CompressedSamples")  # names in the sample files
@@ -415,18 +415,7 @@ ALLOWED = (DicomError, LimitExceeded)
 def mutated(draw: st.DrawFn) -> tuple[bytes, int]:
     data = bytearray(draw(st.sampled_from(FUZZ_BASES)))
     for _ in range(draw(st.integers(1, 6))):
-        at = draw(st.integers(0, len(data)))
-        kind = draw(st.sampled_from(["flip", "set", "insert", "delete", "truncate"]))
-        if kind == "flip" and at < len(data):
-            data[at] ^= 1 << draw(st.integers(0, 7))
-        elif kind == "set" and at < len(data):
-            data[at] = draw(st.sampled_from([0x00, 0xFF, 0x7F, 0x80, 0x20]))
-        elif kind == "insert":
-            data[at:at] = draw(st.binary(min_size=1, max_size=12))
-        elif kind == "delete":
-            del data[at : at + draw(st.integers(1, 40))]
-        elif kind == "truncate":
-            del data[at:]
+        mutate(draw, data, draw(st.integers(0, len(data))))
     cut = draw(st.one_of(st.just(len(data)), st.integers(0, len(data))))
     return bytes(data), cut
 
