@@ -73,6 +73,16 @@ _TRANSIENT_CODES = {
 
 
 @dataclass(frozen=True, slots=True)
+class Presigned:
+    """A presigned GET URL, with the object it was made for (for the HEAD after a 416)."""
+
+    url: str
+    bucket: str
+    key: str
+    version_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ObjectHead:
     size: int
     etag: str
@@ -193,7 +203,7 @@ class S3Source:
 
         return await with_retries(self._settings, call)
 
-    async def locate(self, bucket: str, key: str, version_id: str | None) -> str:
+    async def locate(self, bucket: str, key: str, version_id: str | None) -> Presigned:
         """A presigned GET URL for the object (the version given, or the current one).
 
         Raises:
@@ -202,7 +212,8 @@ class S3Source:
         params: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if version_id:
             params["VersionId"] = version_id
-        return await self.presign("get_object", **params)
+        url = await self.presign("get_object", **params)
+        return Presigned(url, bucket, key, version_id)
 
     async def presign(self, operation: str, **params: Any) -> str:
         """A presigned URL for one request (the sink's PUTs).
@@ -218,7 +229,7 @@ class S3Source:
             raise translate_s3_error(exc, f"presign {operation}") from exc
         return url
 
-    async def read_first(self, url: str, into: memoryview) -> tuple[ObjectHead, int]:
+    async def read_first(self, where: Presigned, into: memoryview) -> tuple[ObjectHead, int]:
         """GET the object's first ``len(into)`` bytes (or all of a smaller one) into ``into``.
 
         Returns the object's size, ETag and version as the answer told them,
@@ -230,9 +241,11 @@ class S3Source:
         """
         wanted = ByteRange(0, len(into))
         try:
-            answer = await self._get(url, {"Range": wanted.http_range}, into, wanted.http_range)
+            answer = await self._get(
+                where.url, {"Range": wanted.http_range}, into, wanted.http_range
+            )
         except ObjectChanged:  # 416: nothing at byte 0
-            return await self._empty(url), 0
+            return await self._empty(where), 0
         if answer.start != 0 or answer.total is None or not answer.etag:
             raise SourceError(
                 f"GET {wanted.http_range}: answered from byte {answer.start} of "
@@ -242,29 +255,14 @@ class S3Source:
             raise TruncatedBody(f"GET {wanted.http_range}: {answer.filled} bytes")
         return ObjectHead(answer.total, answer.etag, answer.version_id), answer.filled
 
-    async def _empty(self, url: str) -> ObjectHead:
-        bucket, key, version_id = self._parse_url(url)
-        head = await self.head(bucket, key, version_id)
+    async def _empty(self, where: Presigned) -> ObjectHead:
+        head = await self.head(where.bucket, where.key, where.version_id)
         if head.size != 0:
             raise ObjectChanged("GET bytes=0-: range past the end, yet the object is not empty")
         return head
 
-    def _parse_url(self, url: str) -> tuple[str, str, str | None]:
-        """Bucket, key and version of a URL ``locate`` made (for the rare HEAD after a 416)."""
-        from urllib.parse import parse_qs, unquote, urlsplit
-
-        parts = urlsplit(url)
-        path = unquote(parts.path).lstrip("/")
-        query = parse_qs(parts.query)
-        version = query.get("versionId", [None])[0]
-        if self._settings.s3_endpoint_url:  # path style: /bucket/key
-            bucket, _, key = path.partition("/")
-        else:  # virtual host style: bucket.s3....
-            bucket, key = parts.netloc.split(".", 1)[0], path
-        return bucket, key, version
-
     async def read_into(
-        self, url: str, head: ObjectHead, byte_range: ByteRange, into: memoryview
+        self, where: Presigned, head: ObjectHead, byte_range: ByteRange, into: memoryview
     ) -> None:
         """GET ``byte_range`` with ``If-Match`` and write it into ``into[:length]``, retried.
 
@@ -275,7 +273,7 @@ class S3Source:
         """
         headers = {"Range": byte_range.http_range, "If-Match": f'"{head.etag}"'}
         target = into[: byte_range.length]
-        answer = await self._get(url, headers, target, byte_range.http_range)
+        answer = await self._get(where.url, headers, target, byte_range.http_range)
         if answer.start != byte_range.start or answer.filled != byte_range.length:
             raise SourceError(
                 f"GET {byte_range.http_range}: answered {answer.filled} bytes from {answer.start}"

@@ -39,7 +39,7 @@ from gpu.thread import ChunkJob, ChunkResult
 from ingest.device import DeviceStage
 from ingest.dicom import DicomHeader, NeedMoreBytes, parse_header
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, ObjectChanged
-from ingest.fetch import ObjectHead, S3Source
+from ingest.fetch import ObjectHead, Presigned, S3Source
 from ingest.hooks import Hook, HookChunk
 from ingest.notifications import ObjectRef
 from ingest.planning import ByteRange, PixelChunk, chunk_pixels, first_read, split_range
@@ -125,18 +125,18 @@ async def process_object(ctx: Context, ref: ObjectRef) -> Processed:
 
 async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     started = time.perf_counter()
-    url = await ctx.source.locate(ref.bucket, ref.key, ref.version_id)
+    where = await ctx.source.locate(ref.bucket, ref.key, ref.version_id)
     expected = ref.size if ref.size else ctx.settings.part_size  # a hint; the answer decides
     first = first_read(expected, ctx.settings.part_size)
     npy_key, json_key = output_keys(ctx.settings, ref.bucket, ref.key)
     slot = await ctx.ring.acquire()
     try:
         async with ctx.fetch_limit:
-            head, filled = await ctx.source.read_first(url, slot.view[: first.length])
+            head, filled = await ctx.source.read_first(where, slot.view[: first.length])
         first_s = time.perf_counter() - started
         if head.size == 0:
             raise NotDicom("the object is empty (0 bytes)")
-        obj = Located(url, ref, head)
+        obj = Located(where, ref, head)
         small = filled == head.size
         if small:
             done = await _small(ctx, obj, slot, npy_key)
@@ -159,7 +159,7 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
 class Located:
     """The object version being read: its presigned URL, and what the first GET told."""
 
-    url: str
+    where: Presigned
     ref: ObjectRef
     head: ObjectHead
 
@@ -263,7 +263,7 @@ async def _read_header(
         prefix = bytearray(next_length)
         async with ctx.fetch_limit:
             await ctx.source.read_into(
-                obj.url, obj.head, ByteRange(0, next_length), memoryview(prefix)
+                obj.where, obj.head, ByteRange(0, next_length), memoryview(prefix)
             )
 
 
@@ -343,7 +343,7 @@ class _PendingRead:
     async def fill(self, ctx: Context, obj: Located) -> None:
         try:
             async with ctx.fetch_limit:
-                await ctx.source.read_into(obj.url, obj.head, self.range, self.slot.view)
+                await ctx.source.read_into(obj.where, obj.head, self.range, self.slot.view)
         except Exception as exc:  # handed to the consumer, in order, not to the task group
             self.error = exc
         finally:
