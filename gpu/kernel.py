@@ -34,7 +34,7 @@ from gpu.preprocess import F_HALF, F_PER_FRAME, F_PLANAR, F_RESCALE, F_STEP, F_W
 
 # Layout of one chunk's int64 parameter row.
 P_N, P_SRC, P_DST, P_FIRST, P_FRAME, P_PLANE, P_CODE, P_SHIFT, P_FLAGS = range(9)
-P_SLOPES, P_NSLOPES, P_ICPTS, P_NICPTS = range(9, 13)
+P_SLOPES, P_NSLOPES, P_ICPTS, P_NICPTS, P_FRAME0 = range(9, 14)
 P_COUNT = 16
 FP_COUNT = 2  # low (center - 0.5), span (width - 1)
 
@@ -58,6 +58,7 @@ _CONSTANTS = {
     "P_NSLOPES": P_NSLOPES,
     "P_ICPTS": P_ICPTS,
     "P_NICPTS": P_NICPTS,
+    "P_FRAME0": P_FRAME0,
     "F_RESCALE": F_RESCALE,
     "F_WINDOW": F_WINDOW,
     "F_STEP": F_STEP,
@@ -76,6 +77,7 @@ __device__ __forceinline__ void run_chunk(const long long* p, const double* fp, 
     void* dst = reinterpret_cast<void*>(static_cast<unsigned long long>(p[P_DST]));
     const long long first = p[P_FIRST];
     const long long fe = p[P_FRAME];
+    const long long frame0 = p[P_FRAME0];
     const long long plane = p[P_PLANE];
     const int shift = static_cast<int>(p[P_SHIFT]);
     const long long flags = p[P_FLAGS];
@@ -93,7 +95,7 @@ __device__ __forceinline__ void run_chunk(const long long* p, const double* fp, 
         const U u = static_cast<U>(src[i] << shift);
         double y = static_cast<double>(static_cast<S>(static_cast<S>(u) >> shift));
         if (flags & F_RESCALE) {
-            const long long frame = (flags & F_PER_FRAME) ? (first + i) / fe : 0;
+            const long long frame = (flags & F_PER_FRAME) ? (first + i) / fe - frame0 : 0;
             y = __dadd_rn(__dmul_rn(y, slopes[per_slope ? frame : 0]),
                           icpts[per_icpt ? frame : 0]);
         }
@@ -181,6 +183,7 @@ def pack_params(
         ints[row, P_NSLOPES] = len(plan.slopes)
         ints[row, P_ICPTS] = icpt_at
         ints[row, P_NICPTS] = len(plan.intercepts)
+        ints[row, P_FRAME0] = plan.frame0
         floats[row] = (plan.low, plan.span)
     return ints, floats, np.asarray(table, dtype=np.float64)
 

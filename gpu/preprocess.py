@@ -59,8 +59,9 @@ class ChunkPlan:
     dtype_code: int
     shift: int  # bits_allocated - bits_stored
     flags: int
-    slopes: tuple[float, ...]
+    slopes: tuple[float, ...]  # one value, or those of frames frame0.. that the chunk covers
     intercepts: tuple[float, ...]
+    frame0: int  # the object frame of slopes[0] when the values are per frame
     low: float  # window center - 0.5
     span: float  # window width - 1
     out_dtype: str
@@ -100,11 +101,17 @@ def plan_chunk(
     if planar and (first_element % fe or n % fe):
         raise ValueError("a planar colour chunk must hold whole frames")
     flags = (F_PLANAR if planar else 0) | (F_HALF if transform.out_dtype == "float16" else 0)
+    # Only the frames this chunk covers: an object's per-frame values are copied,
+    # checked and sent per chunk, so all of them would cost O(frames) each time.
+    frame0, frame_end = first_element // fe, -(-(first_element + n) // fe)
+    values = {"slopes": transform.slopes, "intercepts": transform.intercepts}
     if transform.rescale:
-        for name, values in (("slopes", transform.slopes), ("intercepts", transform.intercepts)):
-            if len(values) not in (1, fmt.frames):
-                raise ValueError(f"{len(values)} rescale {name} for {fmt.frames} frames")
-            if not all(math.isfinite(v) for v in values):
+        for name, all_values in values.items():
+            if len(all_values) not in (1, fmt.frames):
+                raise ValueError(f"{len(all_values)} rescale {name} for {fmt.frames} frames")
+            if len(all_values) > 1:
+                values[name] = all_values[frame0 : max(frame_end, frame0 + 1)]
+            if not all(math.isfinite(v) for v in values[name]):
                 raise ValueError(f"rescale {name} must be finite")
         flags |= F_RESCALE
         if len(transform.slopes) > 1 or len(transform.intercepts) > 1:
@@ -125,8 +132,9 @@ def plan_chunk(
         dtype_code=DTYPE_CODES[fmt.stored_dtype],
         shift=fmt.bits_allocated - fmt.bits_stored,
         flags=flags,
-        slopes=tuple(float(v) for v in transform.slopes),
-        intercepts=tuple(float(v) for v in transform.intercepts),
+        slopes=tuple(float(v) for v in values["slopes"]),
+        intercepts=tuple(float(v) for v in values["intercepts"]),
+        frame0=frame0 if flags & F_PER_FRAME else 0,
         low=low,
         span=span,
         out_dtype=transform.out_dtype,
@@ -218,15 +226,15 @@ def _rescale(
         np.multiply(y, slopes[0], out=y)
         np.add(y, intercepts[0], out=y)
         return
-    fe = plan.frame_elements
+    fe, frame0 = plan.frame_elements, plan.frame0
     first, last = element // fe, (element + len(y) - 1) // fe
     if last - first < _MAX_FRAME_LOOP:
         for frame in range(first, last + 1):
             seg = y[max(frame * fe - element, 0) : (frame + 1) * fe - element]
-            np.multiply(seg, slopes[frame if len(slopes) > 1 else 0], out=seg)
-            np.add(seg, intercepts[frame if len(intercepts) > 1 else 0], out=seg)
+            np.multiply(seg, slopes[frame - frame0 if len(slopes) > 1 else 0], out=seg)
+            np.add(seg, intercepts[frame - frame0 if len(intercepts) > 1 else 0], out=seg)
         return
-    frames = np.arange(element, element + len(y), dtype=np.int64) // fe
+    frames = np.arange(element, element + len(y), dtype=np.int64) // fe - frame0
     np.multiply(y, slopes[frames] if len(slopes) > 1 else slopes[0], out=y)
     np.add(y, intercepts[frames] if len(intercepts) > 1 else intercepts[0], out=y)
 

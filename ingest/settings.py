@@ -55,7 +55,7 @@ class Settings:
     fetch_concurrency: int = 16
     max_objects_in_flight: int = 32
     batch_max_objects: int = 16
-    batch_wait_ms: float = 2.0
+    batch_wait_ms: float = 0.0
     gil_switch_ms: float = 0.5  # sys.setswitchinterval (Python: 5 ms); measured in docs
     max_attempts: int = 5
     retry_max_wait_s: float = 10.0

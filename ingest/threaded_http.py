@@ -29,6 +29,8 @@ import http.client
 import re
 import socket
 import ssl
+import struct
+import sys
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ from urllib.parse import urlsplit
 ERROR_BODY_LIMIT = 64 * 1024
 _CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+# Where recv(MSG_WAITALL) and SO_RCVTIMEO behave as _read_socket needs; elsewhere readinto.
+_RECV_WAITALL = sys.platform == "linux" and hasattr(socket, "MSG_WAITALL")
 
 
 class HttpStatusError(Exception):
@@ -190,7 +194,8 @@ def get_into(
     """
     with _Lease(pool, url, transfer) as lease:
         lease.conn.request("GET", lease.path, headers=headers)
-        answer, lease.reusable = _read_body(lease.conn.getresponse(), target)
+        sock = lease.conn.sock if _RECV_WAITALL and lease.plain else None
+        answer, lease.reusable = _read_body(lease.conn.getresponse(), target, sock)
         return answer
 
 
@@ -239,6 +244,7 @@ class _Lease:
         self._where = (parts.scheme, parts.netloc)
         self._transfer = transfer or Transfer()
         self.conn = pool.take(*self._where)
+        self.plain = parts.scheme == "http"  # not TLS: the socket may be read directly
         self.reusable = False
 
     def __enter__(self) -> _Lease:
@@ -265,7 +271,9 @@ class _Lease:
             self.conn.close()
 
 
-def _read_body(response: http.client.HTTPResponse, target: memoryview) -> tuple[Answer, bool]:
+def _read_body(
+    response: http.client.HTTPResponse, target: memoryview, sock: socket.socket | None
+) -> tuple[Answer, bool]:
     status = response.status
     if status not in (200, 206):
         body = response.read(ERROR_BODY_LIMIT)
@@ -284,20 +292,74 @@ def _read_body(response: http.client.HTTPResponse, target: memoryview) -> tuple[
         length = response.getheader("Content-Length")
         total = int(length) if length is not None and length.isdigit() else None
         expected = min(len(target), total) if total is not None else len(target)
-    filled = 0
     view = target[:expected]
+    progress = [0]
     try:
-        while filled < expected:
-            n = response.readinto(view[filled:])
-            if not n:
-                break
-            filled += n
+        if sock is not None and response.length == expected and not response.chunked:
+            _read_socket(response, sock, view, progress)
+        else:  # TLS, chunked or a 200 longer than the target: the general path
+            _read_response(response, view, progress)
     except (ConnectionError, http.client.IncompleteRead) as exc:
-        raise BodyCut(filled, expected, type(exc).__name__) from exc
+        raise BodyCut(progress[0], expected, type(exc).__name__) from exc
+    filled = progress[0]
     if filled < expected and (status == 206 or total is not None):
         raise BodyCut(filled, expected, "end of stream")
     reusable = response.isclosed() or response.length == 0
     return Answer(status, filled, start, total, etag, version_id), reusable
+
+
+def _read_response(
+    response: http.client.HTTPResponse, view: memoryview, progress: list[int]
+) -> None:
+    while progress[0] < len(view):
+        n = response.readinto(view[progress[0] :])
+        if not n:
+            return
+        progress[0] += n
+
+
+def _read_socket(
+    response: http.client.HTTPResponse, sock: socket.socket, view: memoryview, progress: list[int]
+) -> None:
+    """Read the whole body into ``view`` with as few calls, and GIL hand-overs, as possible.
+
+    ``HTTPResponse.readinto`` returns to Python after every ``recv`` (often
+    64-256 KiB on loopback), so 16 readers take the GIL thousands of times a
+    second from the device thread and the event loop. Here the bytes the
+    response has buffered are taken first, then one blocking
+    ``recv_into(..., MSG_WAITALL)`` waits in the kernel, without the GIL, until
+    the range is complete. The socket's timeout becomes ``SO_RCVTIMEO`` for
+    the call (a timed-out call returns what it has; the next raises), and
+    ``Transfer.abort``'s shutdown still ends it at once.
+    """
+    fp = response.fp
+    assert fp is not None
+    buffered = len(fp.peek(1)) if len(view) else 0  # what was read with the headers
+    if buffered:
+        progress[0] = fp.readinto(view[: min(buffered, len(view))])
+    timeout = sock.gettimeout()
+    sock.settimeout(None)
+    if timeout is not None:
+        seconds, fraction = divmod(timeout, 1.0)
+        sock.setsockopt(
+            socket.SOL_SOCKET,
+            socket.SO_RCVTIMEO,
+            struct.pack("ll", int(seconds), int(fraction * 1e6)),
+        )
+    try:
+        while progress[0] < len(view):
+            try:
+                n = sock.recv_into(view[progress[0] :], 0, socket.MSG_WAITALL)
+            except BlockingIOError as exc:  # SO_RCVTIMEO elapsed with nothing received
+                raise TimeoutError("timed out reading the response body") from exc
+            if not n:
+                break
+            progress[0] += n
+    finally:
+        sock.settimeout(timeout)
+    response.length = len(view) - progress[0]
+    if response.length == 0:
+        response.close()  # the body is consumed: the connection can serve the next request
 
 
 def _content_range(value: str | None) -> tuple[int, int, int | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 import tracemalloc
 from fractions import Fraction
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 import gpu.preprocess
 from gpu.formats import PixelFormat, Transform
-from gpu.preprocess import preprocess_numpy
+from gpu.preprocess import plan_chunk, preprocess_numpy
 
 
 def reference(raw: bytes, fmt: PixelFormat, transform: Transform) -> npt.NDArray[Any]:
@@ -274,3 +275,15 @@ def test_rejects_wrong_out() -> None:
     fmt = PixelFormat(1, 4, 1, 1, 8, 8, False, False)
     with pytest.raises(ValueError, match="out must be"):
         preprocess_numpy(np.zeros(4, np.uint8), fmt, Transform(), 0, out=np.empty(4, np.float16))
+
+
+def test_a_chunk_plan_carries_only_the_values_of_the_frames_it_covers() -> None:
+    fmt = PixelFormat(2, 2, 1000, 1, 16, 16, False, False)  # 4 samples a frame
+    slopes = tuple(float(f) + 1 for f in range(1000))
+    transform = Transform(slopes, (0.0,), rescale=True)
+    plan = plan_chunk(2 * 10, fmt, transform, first_element=4 * 500 + 2)  # frames 500-503
+    assert (plan.frame0, plan.slopes, plan.intercepts) == (500, slopes[500:503], (0.0,))
+    broken = Transform((*slopes[:900], math.inf, *slopes[901:]), (0.0,), rescale=True)
+    plan_chunk(2 * 10, fmt, broken, first_element=4 * 500 + 2)  # frame 900 is not its concern
+    with pytest.raises(ValueError, match="finite"):
+        plan_chunk(2 * 4, fmt, broken, first_element=4 * 900)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
@@ -27,6 +28,8 @@ from ingest.threaded_http import (
 )
 
 DATA = bytes(range(256)) * 64  # 16 KiB
+BIG = bytes(range(251)) * (4 * 1024 * 1024 // 251)  # ~4 MiB: read past the response's buffer
+STALL_S = 3.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -44,6 +47,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, DATA, {"ETag": '"abc"'})
         elif self.path.startswith("/badrange"):
             self._answer(206, DATA[:10], {"Content-Range": "bytes nonsense"})
+        elif self.path.startswith("/big"):
+            self._answer(206, BIG, {"Content-Range": f"bytes 0-{len(BIG) - 1}/{len(BIG)}"})
+        elif self.path.startswith("/stall"):  # declares 16 KiB, sends 1 KiB, goes quiet
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes 0-{len(DATA) - 1}/{len(DATA)}")
+            self.send_header("Content-Length", str(len(DATA)))
+            self.end_headers()
+            self.wfile.write(DATA[:1024])
+            self.wfile.flush()
+            time.sleep(STALL_S)
+            self.close_connection = True
         elif self.path.startswith("/short"):  # declares 16 KiB, sends 1 KiB, closes
             self.send_response(206)
             self.send_header("Content-Range", f"bytes 0-{len(DATA) - 1}/{len(DATA)}")
@@ -75,9 +89,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        return  # clients here hang up on purpose (cut bodies, aborts): not news
+
+
 @pytest.fixture
 def server() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd = _Server(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -144,6 +163,46 @@ def test_a_body_shorter_than_declared_is_cut_not_data(server: str, pool: Connect
     with pytest.raises(BodyCut) as caught:
         get_into(pool, f"{server}/short", {"Range": "bytes=0-"}, memoryview(bytearray(len(DATA))))
     assert (caught.value.filled, caught.value.expected) == (1024, len(DATA))
+
+
+def test_a_body_larger_than_the_socket_buffers_arrives_whole_and_reuses_the_connection(
+    server: str, pool: ConnectionPool
+) -> None:
+    for _ in range(3):
+        target = bytearray(len(BIG))
+        answer = get_into(pool, f"{server}/big", {"Range": "bytes=0-"}, memoryview(target))
+        assert (answer.status, answer.filled, answer.total) == (206, len(BIG), len(BIG))
+        assert target == BIG
+    assert pool.opened == 1  # the body was consumed to its end each time: kept alive
+
+
+def test_a_body_that_stalls_times_out_instead_of_hanging(server: str) -> None:
+    quick = ConnectionPool(2.0, 0.3, ssl.create_default_context())
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            get_into(quick, f"{server}/stall", {"Range": "bytes=0-"}, memoryview(bytearray(16384)))
+        assert time.monotonic() - started < STALL_S / 2
+    finally:
+        quick.close()
+
+
+def test_an_abort_ends_a_body_read_in_progress(server: str, pool: ConnectionPool) -> None:
+    transfer = Transfer()
+    assert transfer.begin()
+    timer = threading.Timer(0.2, transfer.abort)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(BodyCut) as caught:
+            get_into(
+                pool, f"{server}/stall", {"Range": "bytes=0-"},
+                memoryview(bytearray(len(DATA))), transfer,
+            )  # fmt: skip
+    finally:
+        timer.join()
+    assert caught.value.filled == 1024
+    assert time.monotonic() - started < STALL_S / 2
 
 
 def test_put_sends_the_pieces_in_order_without_joining(server: str, pool: ConnectionPool) -> None:

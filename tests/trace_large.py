@@ -9,6 +9,10 @@ in-order consumer to time every range, device round trip and wait::
 
     .venv/bin/python -m tests.trace_large 512 cpu --zero-cost-device
     python3 -m tests.trace_large 2048 cuda        # on the GPU machine
+    python3 -m tests.trace_large 2048 cuda --variant "" --variant "batch_wait_ms=0 device_window=16"
+
+Each ``--variant`` is a space-separated list of worker settings (and
+``device_window``, the pipeline's chunks-in-flight constant) to trace in turn.
 
 ``--zero-cost-device`` replaces the CPU runner's work with nothing, so what is
 left is the pipeline itself (reads, ordering, hand-offs). docs/benchmarks.md
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 import time
@@ -37,6 +42,8 @@ from tests import harness
 
 Event = tuple[str, float, float, int]  # kind, start, end, size (bytes or batch length)
 EVENTS: list[Event] = []
+DEVICE_TIMES: list[tuple[float, float]] = []  # CUDA-event h2d and kernel seconds per chunk
+RUNNER_STATS: dict[str, int | float] = {}
 
 
 def instrument() -> None:
@@ -54,9 +61,14 @@ def instrument() -> None:
         t0 = time.perf_counter()
         future = await submit(self, job)
         EVENTS.append(("submit", t0, time.perf_counter(), job.data.nbytes))
-        future.add_done_callback(
-            lambda _: EVENTS.append(("device", t0, time.perf_counter(), job.data.nbytes))
-        )
+
+        def done(future: asyncio.Future[ChunkResult]) -> None:
+            EVENTS.append(("device", t0, time.perf_counter(), job.data.nbytes))
+            if not future.cancelled() and future.exception() is None:
+                result = future.result()
+                DEVICE_TIMES.append((result.h2d_seconds, result.kernel_seconds))
+
+        future.add_done_callback(done)
         return future
 
     async def timed_dispatch(self: Any, batch: list[Any]) -> None:
@@ -70,10 +82,51 @@ def instrument() -> None:
         EVENTS.append(("wait", t0, time.perf_counter(), 0))
         return item
 
+    def timed_runner(cls: Any) -> None:
+        run = cls.run
+
+        def timed_run(self: Any, batch: Sequence[ChunkJob]) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return run(self, batch)
+            finally:
+                EVENTS.append(("run", t0, time.perf_counter(), len(batch)))
+                RUNNER_STATS.update(self.stats())
+
+        cls.run = timed_run
+
+    timed_runner(jobs.CpuRunner)
+    try:
+        import cupy  # noqa: F401
+
+        from gpu.transfer import CudaRunner
+    except ImportError:  # no CuPy: the CPU runner is the one timed
+        pass
+    else:
+        timed_runner(CudaRunner)
+        time_event_waits(CudaRunner)
     fetch.S3Source.read_into = timed_read  # type: ignore[method-assign,assignment]
     device.DeviceStage.submit = timed_submit  # type: ignore[method-assign]
     device.DeviceStage._dispatch = timed_dispatch  # type: ignore[method-assign]
     pipeline._InOrder.__anext__ = timed_next  # type: ignore[method-assign]
+
+
+def time_event_waits(runner: Any) -> None:
+    """The device thread's waits on CUDA events (a copy's end, the batch's end)."""
+    import cupy
+
+    class TimedEvent(cupy.cuda.Event):  # type: ignore[misc]
+        def synchronize(self) -> None:
+            t0 = time.perf_counter()
+            super().synchronize()
+            EVENTS.append(("event_wait", t0, time.perf_counter(), 0))
+
+    def events_for(self: Any, count: int) -> list[Any]:
+        while len(self._events) < count:
+            self._events.append(TimedEvent())
+        return list(self._events[:count])
+
+    runner._events_for = events_for
 
 
 def zero_cost_device() -> None:
@@ -104,24 +157,50 @@ def report(label: str, size: int) -> None:
         f"  device round trip: median {statistics.median(durations('device')) * 1e3:.1f} ms; "
         f"{len(batches)} batches of {statistics.mean(batches):.2f} chunks on average"
     )
+    runs = sorted((start, end) for k, start, end, _ in EVENTS if k == "run")
+    if runs:
+        busy = sum(end - start for start, end in runs)
+        gaps = [b[0] - a[1] for a, b in itertools.pairwise(runs)]
+        print(
+            f"  device thread busy {busy:.3f} s of {total:.3f}; per batch median "
+            f"{statistics.median(end - start for start, end in runs) * 1e3:.2f} ms, "
+            f"gap between batches median {statistics.median(gaps or [0.0]) * 1e3:.2f} ms"
+        )
+    submits = durations("submit")
+    print(f"  consumer blocked in submit: {sum(submits):.3f} s")
+    waits = durations("event_wait")
+    if waits:
+        h2d = sum(h for h, _ in DEVICE_TIMES)
+        print(
+            f"  device thread waiting on CUDA events {sum(waits):.3f} s; copies (CUDA events) "
+            f"{h2d:.3f} s = {size / 1e9 / max(h2d, 1e-9):.1f} GB/s; "
+            f"pageable copies {RUNNER_STATS.get('pageable_h2d_jobs')}"
+        )
 
 
-async def trace(stack: Stack, frames: int, backend: str) -> None:
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
+async def trace(stack: Stack, frames: int, backend: str, variants: list[str]) -> None:
     data = synthetic_multiframe(frames, 512, 512)
-    await harness.upload(stack, names.source_bucket, [("warm.dcm", data), ("big.dcm", data)])
-    settings = harness.make_settings(
-        stack, names, device=backend, part_size=str(8 << 20), ring_slots="32",
-        sink="none", hook="ingest.bench_ours:bench_hook", source_hash="none",
-        fetch_concurrency="16",
-    )  # fmt: skip
-    for key in ("warm.dcm", "big.dcm"):
-        EVENTS.clear()
-        note = harness.aws_notification(names.source_bucket, [key])
-        await harness.publish(stack, names.source_topic, [note])
-        await harness.run_worker(settings, stop_after=1)
-        report(key, len(data))
+    default_window = pipeline.DEVICE_WINDOW
+    for variant in variants:
+        overrides = dict(item.split("=", 1) for item in variant.split())
+        pipeline.DEVICE_WINDOW = int(overrides.pop("device_window", default_window))
+        names = harness.make_names(uuid.uuid4().hex[:10])
+        harness.prepare(stack, names)
+        await harness.upload(stack, names.source_bucket, [("warm.dcm", data), ("big.dcm", data)])
+        settings = harness.make_settings(
+            stack, names, **{
+                "device": backend, "part_size": str(8 << 20), "ring_slots": "32",
+                "sink": "none", "hook": "ingest.bench_ours:bench_hook", "source_hash": "none",
+                "fetch_concurrency": "16", **overrides,
+            }
+        )  # fmt: skip
+        for key in ("warm.dcm", "big.dcm"):
+            EVENTS.clear()
+            DEVICE_TIMES.clear()
+            note = harness.aws_notification(names.source_bucket, [key])
+            await harness.publish(stack, names.source_topic, [note])
+            await harness.run_worker(settings, stop_after=1)
+            report(f"{key} [{variant or 'defaults'}; window {pipeline.DEVICE_WINDOW}]", len(data))
 
 
 def main() -> None:
@@ -129,13 +208,16 @@ def main() -> None:
     parser.add_argument("frames", type=int, help="512x512 16-bit frames (2048 = 1 GiB)")
     parser.add_argument("device", choices=["cpu", "cuda"])
     parser.add_argument("--zero-cost-device", action="store_true")
+    parser.add_argument(
+        "--variant", action="append", help='settings to trace, e.g. "batch_wait_ms=0"'
+    )
     args = parser.parse_args()
     instrument()
     if args.zero_cost_device:
         zero_cost_device()
     with embedded_stack() as stack:
         os.environ.update(stack.endpoints.environment())
-        anyio.run(trace, stack, args.frames, args.device, backend="asyncio")
+        anyio.run(trace, stack, args.frames, args.device, args.variant or [""], backend="asyncio")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,108 @@
+"""DeviceStage batching: a lone chunk goes at once, chunks gather while the device is busy.
+
+The device thread is replaced by a twin whose batches finish only when the
+test says so, so what is checked is the stage's policy, not timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+from typing import Any, cast
+
+import anyio
+import pytest
+
+from gpu.jobs import ChunkJob, ChunkResult
+from gpu.thread import DeviceThread
+from ingest.device import BATCHES_IN_FLIGHT, DeviceStage
+from ingest.settings import load_settings
+
+pytestmark = pytest.mark.anyio
+
+
+class HeldThread:
+    """A device-thread twin: records each batch; each finishes when ``finish`` is called."""
+
+    backend = "cpu"
+
+    def __init__(self) -> None:
+        self._arrived = anyio.Event()
+        self.batches: list[list[int]] = []
+        self.futures: list[concurrent.futures.Future[list[ChunkResult | BaseException]]] = []
+
+    def submit(
+        self, jobs: list[Any]
+    ) -> concurrent.futures.Future[list[ChunkResult | BaseException]]:
+        self.batches.append(list(jobs))
+        future: concurrent.futures.Future[list[ChunkResult | BaseException]] = (
+            concurrent.futures.Future()
+        )
+        self.futures.append(future)
+        self._arrived.set()  # the stage submits on the event loop
+        return future
+
+    async def wait_for(self, count: int) -> None:
+        """Until ``count`` batches have been submitted (5 s at most)."""
+        with anyio.fail_after(5):
+            while len(self.batches) < count:
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
+
+    def finish(self, index: int) -> None:
+        jobs = self.batches[index]
+        self.futures[index].set_result(
+            [ChunkResult(None, None, "cpu", float(job), 0.0, 0.0) for job in jobs]
+        )
+
+
+def stage(thread: HeldThread, **overrides: Any) -> DeviceStage:
+    env = {
+        "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:9",
+        "DICOM_INGEST_OUTPUT_URL": "s3://out/",
+        "DICOM_INGEST_AUDIT_KEY": base64.b64encode(bytes(32)).decode(),
+        "DICOM_INGEST_BATCH_MAX_OBJECTS": "4",
+        **{f"DICOM_INGEST_{name.upper()}": value for name, value in overrides.items()},
+    }
+    return DeviceStage(cast(DeviceThread, thread), load_settings(env))
+
+
+async def test_chunks_gather_while_the_device_is_busy_and_go_at_once_when_it_is_not() -> None:
+    thread = HeldThread()
+    device = stage(thread)
+    async with anyio.create_task_group() as group:
+        await group.start(device.run)
+        first = []
+        for n in range(BATCHES_IN_FLIGHT):
+            first.append(await device.submit(cast(ChunkJob, n)))
+            await thread.wait_for(len(first))
+        assert thread.batches == [[0], [1]]  # a device with room takes a lone chunk at once
+        waiting = [await device.submit(cast(ChunkJob, n)) for n in range(2, 8)]
+        await asyncio.sleep(0.05)
+        assert len(thread.batches) == BATCHES_IN_FLIGHT  # both busy: the rest wait, gathering
+        thread.finish(0)
+        await thread.wait_for(3)
+        assert thread.batches[2] == [2, 3, 4, 5]  # everything queued, up to batch_max_objects
+        assert (await first[0]).h2d_seconds == 0.0
+        thread.finish(1)
+        await thread.wait_for(4)
+        assert thread.batches[3] == [6, 7]
+        thread.finish(2)
+        thread.finish(3)
+        assert [(await f).h2d_seconds for f in [first[1], *waiting]] == [1.0, *range(2, 8)]
+        group.cancel_scope.cancel()
+
+
+async def test_a_batch_wait_holds_a_batch_open_for_more() -> None:
+    thread = HeldThread()
+    device = stage(thread, batch_wait_ms="200")
+    async with anyio.create_task_group() as group:
+        await group.start(device.run)
+        await device.submit(cast(ChunkJob, 0))
+        await asyncio.sleep(0.02)
+        await device.submit(cast(ChunkJob, 1))
+        await thread.wait_for(1)
+        assert thread.batches == [[0, 1]]
+        thread.finish(0)
+        group.cancel_scope.cancel()
