@@ -152,9 +152,10 @@ def _environment(
         "DICOM_INGEST_SESSION_TIMEOUT_MS": "2000",
         "DICOM_INGEST_HEARTBEAT_INTERVAL_MS": "200",
         "DICOM_INGEST_SHUTDOWN_DEADLINE_S": "30",
-        "DICOM_INGEST_PART_SIZE": str(tune.get("part", config.part_mb * MiB)),
         "DICOM_INGEST_FETCH_CONCURRENCY": str(tune.get("concurrency", config.concurrency)),
     }
+    if "part" in tune:  # the sweep; otherwise ours runs at the worker's default part size
+        env["DICOM_INGEST_PART_SIZE"] = str(tune["part"])
     env.update({f"DICOM_INGEST_{k}": v for k, v in OURS_MODES[mode].items()})
     env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in config.worker_settings})
     return env

@@ -272,7 +272,8 @@ def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str,
         "with ring size = RING_SLOTS x PART_SIZE",
         "contention": "other_cpu_s = machine busy CPU (/proc/stat) during the run minus ours, "
         "our children's and the servers'; other_cpu_share = that / (seconds x cores)",
-        "ceiling": f"{concurrency} parallel {part_mb} MiB ranges",
+        "ceiling": f"{concurrency} parallel {part_mb} MiB ranges (KvikIO: {part_mb} MiB tasks); "
+        "ours reads at its own part_size setting (in settings.part_size)",
         "scaled": "ours-hook-pN / ours-pN: `dicom-ingest worker --processes N` (the supervisor "
         "and N child workers in one group) on a fresh topic of 4 x N partitions, notifications "
         "round robin; latency = arrival of the result record at the bench's consumer "

@@ -110,7 +110,10 @@ def _bench_parser(commands: Any) -> None:
     add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each)")
     add("--large-mb", type=int, default=1024, help="MiB of pixels in the large object")
     add("--repeats", type=int, default=3, help="measured runs after the discarded warm-up")
-    add("--part-mb", type=int, default=8, help="range and part size in MiB")
+    add(
+        "--part-mb", type=int, default=8,
+        help="range size of the raw and KvikIO readers in MiB (ours: its part_size setting)",
+    )  # fmt: skip
     add("--concurrency", type=int, default=16, help="parallel ranges (and objects)")
     add("--sweep", action="store_true", help="ours vs part size and vs fetch concurrency")
     add("--sweep-parts", type=_csv_ints, default=(1, 4, 8, 16, 32), help="MiB, for --sweep")

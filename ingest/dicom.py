@@ -30,6 +30,7 @@ from pydicom.filereader import dcmread, read_dataset
 from pydicom.uid import UID
 
 from gpu.formats import OutDtype, PixelFormat, Transform
+from ingest.dicom_frames import per_frame_rescale
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
 
 IMPLICIT_VR_LE: Final = "1.2.840.10008.1.2"
@@ -42,6 +43,7 @@ _PIXEL_TAG: Final = b"\xe0\x7f\x10\x00"
 _FLOAT_TAGS: Final = {b"\xe0\x7f\x08\x00": "Float", b"\xe0\x7f\x09\x00": "Double Float"}
 _UNDEFINED_LENGTH: Final = 0xFFFFFFFF
 _ROWS_TAG: Final = 0x00280010
+_PER_FRAME_GROUPS: Final = 0x52009230
 _IMAGE_KEYWORDS: Final = "SamplesPerPixel Rows Columns BitsAllocated BitsStored PixelRepresentation"
 _UID_RE: Final = re.compile(r"[0-9.]{1,64}")
 _OTHER_PHOTOMETRIC: Final = frozenset(
@@ -394,15 +396,16 @@ def _modality_rescale(
         raise UnsupportedDicom("Modality LUT Sequence is not supported")
     shared_groups = ds.get("SharedFunctionalGroupsSequence")
     shared = _transformation(shared_groups[0]) if shared_groups else None
-    own = [_transformation(group) for group in ds.get("PerFrameFunctionalGroupsSequence") or []]
+    own = _own_rescales(ds)
     if any(item is not None for item in own):
         if len(own) != frames:
             raise MalformedDicom(f"{len(own)} per-frame functional groups for {frames} frames")
         pairs = []
         for index, item in enumerate(own):
-            if (chosen := item if item is not None else shared) is None:
+            chosen = item if item is not None else shared
+            if chosen is None:
                 raise MalformedDicom(f"frame {index} has no Pixel Value Transformation")
-            pairs.append(_slope_intercept(chosen))
+            pairs.append(_slope_intercept(chosen) if isinstance(chosen, Dataset) else chosen)
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), True
     if shared is not None:
         slope, intercept = _slope_intercept(shared)
@@ -411,6 +414,26 @@ def _modality_rescale(
         slope, intercept = _slope_intercept(ds)
         return (slope,), (intercept,), True
     return (1.0,), (0.0,), False
+
+
+def _own_rescales(ds: Dataset) -> list[tuple[float, float] | Dataset | None]:
+    """Per frame: its own (slope, intercept), or its Pixel Value Transformation item, or None.
+
+    The raw bytes are read by ``dicom_frames`` when pydicom has not converted
+    them yet (a defined-length sequence); otherwise, or when that walker is
+    unsure, pydicom reads the items.
+    """
+    raw = ds.get_item(_PER_FRAME_GROUPS)
+    if (
+        isinstance(raw, RawDataElement)
+        and isinstance(raw.value, bytes)
+        and raw.is_little_endian
+        and raw.length != _UNDEFINED_LENGTH
+    ):
+        fast = per_frame_rescale(raw.value, raw.is_implicit_VR)
+        if fast is not None:
+            return list(fast)
+    return [_transformation(group) for group in ds.get("PerFrameFunctionalGroupsSequence") or []]
 
 
 def _transformation(group: Dataset) -> Dataset | None:

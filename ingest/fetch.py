@@ -6,9 +6,9 @@ learns the object's size, ETag and version from the answer (``Content-Range``,
 ``ETag``, ``x-amz-version-id``); every later ``read_into`` carries
 ``If-Match`` with that ETag, so a range can never mix bytes of two versions: a
 replaced object answers 412, which becomes ``ObjectChanged``. The GETs run in
-worker threads on ``http.client`` connections and write into the slot with
-``readinto`` (``threaded_http.py`` says why), at most ``fetch_concurrency`` at
-once. A cancelled read aborts its socket and waits for its thread, so a slot
+worker threads on keep-alive connections and receive the body straight into
+the slot (``threaded_http.py`` says how and why), at most ``fetch_concurrency``
+at once. A cancelled read aborts its socket and waits for its thread, so a slot
 is never written after it was given back.
 
 Transient failures (5xx, throttling, timeouts, resets, a body cut short) are

@@ -14,7 +14,7 @@ true size and ETag. Then one of two paths:
   the Pixel Data chunks are read concurrently into slots (started up to
   twice ``fetch_concurrency`` ahead, ``fetch_concurrency`` at once across
   all objects); each goes
-  to the device as soon as it is read (``DEVICE_WINDOW`` chunks in flight),
+  to the device as soon as it is read (``device_window`` chunks in flight),
   is hashed in order meanwhile, and its result is streamed to the output
   writer in order. Bytes after the Pixel Data are read only for the hash.
 
@@ -49,7 +49,18 @@ from ingest.sink import ArrayWriter, DiscardWriter, OutputSink, output_keys
 from ingest.source_digest import SourceDigest
 
 MAX_VERSION_RETRIES = 3
-DEVICE_WINDOW = 4  # chunks of one large object queued on the device at once
+# Source bytes of one large object on the device at once (chunks submitted, results not
+# yet taken): 8 chunks of 16 MiB kept the H200 busy (``python -m tests.trace_large``).
+# With the sink on, the results wait in host memory for the writer, whose PUTs are far
+# slower than the device: a smaller window keeps RSS within its target.
+DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
+SINK_WINDOW_BYTES = 32 * 1024 * 1024
+
+
+def device_window(settings: Settings) -> int:
+    """Chunks of one large object in flight on the device."""
+    budget = DEVICE_WINDOW_BYTES if settings.sink == "none" else SINK_WINDOW_BYTES
+    return max(2, budget // settings.part_size)
 
 
 @dataclass(slots=True)
@@ -302,7 +313,7 @@ async def _pipelined_chunks(
     chunks: list[PixelChunk],
     reads: _InOrder,
 ) -> None:
-    """Each chunk goes to the device as soon as it is read, up to ``DEVICE_WINDOW`` chunks
+    """Each chunk goes to the device as soon as it is read, up to ``device_window`` chunks
     of this object in flight, so copies and kernels of one object overlap (one chunk at a
     time left the device idle between round trips). The hash takes the chunks in order
     while the device works, and results are written in order.
@@ -312,6 +323,7 @@ async def _pipelined_chunks(
     hasher has finished reading it by then).
     """
     in_flight: deque[asyncio.Future[ChunkResult]] = deque()
+    window = device_window(ctx.settings)
     try:
         index = 0
         async for slot, view in reads:
@@ -323,7 +335,7 @@ async def _pipelined_chunks(
             finally:
                 slot.release()
             index += 1
-            if len(in_flight) >= DEVICE_WINDOW:
+            if len(in_flight) >= window:
                 await out.write((await in_flight.popleft()).host)
         while in_flight:
             await out.write((await in_flight.popleft()).host)

@@ -50,7 +50,7 @@ class Settings:
     source_hash: Literal["sha256", "none"] = "sha256"
     hook: str | None = None
     # Tuning: byte ranges, the pinned ring, concurrency and batching.
-    part_size: int = 8 * MiB
+    part_size: int = 16 * MiB
     ring_slots: int = 32
     fetch_concurrency: int = 16
     max_objects_in_flight: int = 32

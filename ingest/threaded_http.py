@@ -1,13 +1,19 @@
-"""S3 data requests on plain ``http.client`` connections, run in worker threads.
+"""S3 data requests on plain keep-alive connections, run in worker threads.
 
 Ranged GETs read into caller memory (``get_into``); PUTs send from it
 (``put_from``). Why the bytes do not go through aiobotocore: every body byte
 read or written through aiohttp passes the one event-loop thread (about
 1 GB/s per core, measured; docs/benchmarks.md) and is copied into or out of
-``bytes``. Here a worker thread reads the socket with ``readinto`` straight
-into the ring slot, or hands the output arrays' own memory to ``sendall``:
-the kernel does the only copy, the GIL is released meanwhile, and there is
-one thread per request in flight, so transfers use every core.
+``bytes``. Here a worker thread receives the body straight into the ring slot,
+or hands the output arrays' own memory to ``sendall``: the kernel does the
+only copy, the GIL is released meanwhile, and there is one thread per request
+in flight, so transfers use every core.
+
+A GET writes its request and parses its answer's head on the socket itself
+(``http.client``'s objects cost ~150 us of GIL-held Python per request), then
+waits for the whole body in one ``recv(MSG_WAITALL)`` on plain connections.
+PUTs, fewer and larger, use ``http.client``. ``http.client.HTTPConnection``
+also makes the connections (TLS included) that the pool keeps.
 
 Requests are presigned (SigV4 query authentication, by botocore in
 ``fetch.py`` and ``sink.py``), so a thread needs nothing from the event loop.
@@ -17,9 +23,9 @@ Everything here is blocking and thread-safe: ``ConnectionPool`` hands each
 thread its own keep-alive connection, and ``Transfer.abort`` (from any
 thread) shuts the socket of a request in progress so a cancelled read ends at
 once instead of at its timeout. Failures leave as ``HttpStatusError`` (the
-server answered an error status), ``BodyCut`` (the body ended or broke
-before its length) or the socket's own ``OSError``/``TimeoutError``;
-``fetch.py`` maps them onto ``ingest.errors``.
+server answered an error status, or a data answer S3 would not send),
+``BodyCut`` (the body ended or broke before its length) or the socket's own
+``OSError``/``TimeoutError``; ``fetch.py`` maps them onto ``ingest.errors``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from urllib.parse import urlsplit
 ERROR_BODY_LIMIT = 64 * 1024
 _CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-# Where recv(MSG_WAITALL) and SO_RCVTIMEO behave as _read_socket needs; elsewhere readinto.
+# Where recv(MSG_WAITALL) and SO_RCVTIMEO behave as _recv_exactly needs; elsewhere plain recv.
+_STATUS_LINE = re.compile(rb"^HTTP/1\.([01]) (\d{3})(?: |$)")
+HEAD_LIMIT = 16 * 1024  # an answer's status line and headers (S3 sends under 2 KiB)
 _RECV_WAITALL = sys.platform == "linux" and hasattr(socket, "MSG_WAITALL")
 
 
@@ -187,15 +195,22 @@ def get_into(
     object's end); a 200 (a server that ignored ``Range``) is read up to
     ``len(target)`` and the rest of it dropped with the connection.
 
+    The request is written and its answer read on the connection's socket
+    directly, not through ``http.client``'s request and response objects: their
+    header building and ``email``-based parsing cost ~150 us of Python (GIL
+    held) per request, measured, which sixteen readers at 10 GB/s take from the
+    device thread. What is read here is small: one status line, a few headers,
+    then a body of a known length.
+
     Raises:
         HttpStatusError: any status but 200/206.
         BodyCut: the body ended or broke before its length.
         OSError, TimeoutError: connecting or sending failed, or a read timed out.
     """
     with _Lease(pool, url, transfer) as lease:
-        lease.conn.request("GET", lease.path, headers=headers)
-        sock = lease.conn.sock if _RECV_WAITALL and lease.plain else None
-        answer, lease.reusable = _read_body(lease.conn.getresponse(), target, sock)
+        sock = lease.conn.sock
+        sock.sendall(_request_head("GET", lease.path, lease.host, headers))
+        answer, lease.reusable = _read_answer(sock, target, waitall=lease.plain and _RECV_WAITALL)
         return answer
 
 
@@ -243,8 +258,12 @@ class _Lease:
         self._pool = pool
         self._where = (parts.scheme, parts.netloc)
         self._transfer = transfer or Transfer()
+        default_port = {"http": 80, "https": 443}.get(parts.scheme)
+        self.host = parts.hostname or "" if parts.port in (None, default_port) else parts.netloc
+        if ":" in self.host and not self.host.startswith("["):  # an IPv6 address
+            self.host = f"[{self.host}]"
         self.conn = pool.take(*self._where)
-        self.plain = parts.scheme == "http"  # not TLS: the socket may be read directly
+        self.plain = parts.scheme == "http"  # not TLS: MSG_WAITALL may be used
         self.reusable = False
 
     def __enter__(self) -> _Lease:
@@ -271,95 +290,136 @@ class _Lease:
             self.conn.close()
 
 
-def _read_body(
-    response: http.client.HTTPResponse, target: memoryview, sock: socket.socket | None
-) -> tuple[Answer, bool]:
-    status = response.status
+def _request_head(method: str, path: str, host: str, headers: dict[str, str]) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Accept-Encoding: identity"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+@dataclass(slots=True)
+class _Head:
+    """A parsed answer head and the body bytes that arrived with it."""
+
+    status: int
+    headers: dict[str, str]  # names in lower case
+    early: memoryview  # body bytes read with the head
+    keep_alive: bool
+
+
+def _read_head(sock: socket.socket) -> _Head:
+    buffer = bytearray(HEAD_LIMIT)
+    view = memoryview(buffer)
+    filled = 0
+    while True:
+        end = buffer.find(b"\r\n\r\n", 0, filled)
+        if end < 0:
+            if filled == HEAD_LIMIT:
+                raise ConnectionError(f"the answer's head is over {HEAD_LIMIT} bytes")
+            n = sock.recv_into(view[filled:])
+            if not n:
+                raise ConnectionResetError("the server closed the connection without answering")
+            filled += n
+            continue
+        lines = bytes(buffer[:end]).split(b"\r\n")
+        match = _STATUS_LINE.match(lines[0])
+        if match is None:
+            raise ConnectionError(f"not an HTTP answer: {lines[0][:80]!r}")
+        status = int(match.group(2))
+        if 100 <= status < 200:  # an interim answer: the real one follows
+            rest = bytes(buffer[end + 4 : filled])
+            buffer[: len(rest)] = rest
+            filled = len(rest)
+            continue
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon:
+                raise ConnectionError(f"a malformed header line: {line[:80]!r}")
+            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+        keep_alive = match.group(1) == b"1" and headers.get("connection", "").lower() != "close"
+        return _Head(status, headers, view[end + 4 : filled], keep_alive)
+
+
+def _read_answer(sock: socket.socket, target: memoryview, *, waitall: bool) -> tuple[Answer, bool]:
+    head = _read_head(sock)
+    status, headers = head.status, head.headers
+    framed = "transfer-encoding" not in headers and headers.get("content-length", "").isdigit()
+    length = int(headers["content-length"]) if framed else None
     if status not in (200, 206):
-        body = response.read(ERROR_BODY_LIMIT)
+        body = _read_error_body(sock, head.early, length)
         match = _CODE.search(body)
         code = match.group(1).decode("ascii", "replace") if match else ""
         raise HttpStatusError(status, code, f"S3 answered {status} {code}".rstrip())
-    etag = (response.getheader("ETag") or "").strip().strip('"')
-    version_id = response.getheader("x-amz-version-id")
+    if length is None:
+        raise HttpStatusError(status, "", "a data answer without Content-Length")
+    etag = headers.get("etag", "").strip().strip('"')
+    version_id = headers.get("x-amz-version-id")
     start, total = 0, None
     if status == 206:
-        start, end, total = _content_range(response.getheader("Content-Range"))
+        start, end, total = _content_range(headers.get("content-range"))
         expected = end + 1 - start
-        if expected > len(target):
-            raise HttpStatusError(206, "", f"answered more than asked: {expected} bytes")
+        if expected > len(target) or length > expected:
+            raise HttpStatusError(206, "", f"answered {length} bytes for {expected} of range")
     else:
-        length = response.getheader("Content-Length")
-        total = int(length) if length is not None and length.isdigit() else None
-        expected = min(len(target), total) if total is not None else len(target)
-    view = target[:expected]
-    progress = [0]
-    try:
-        if sock is not None and response.length == expected and not response.chunked:
-            _read_socket(response, sock, view, progress)
-        else:  # TLS, chunked or a 200 longer than the target: the general path
-            _read_response(response, view, progress)
-    except (ConnectionError, http.client.IncompleteRead) as exc:
-        raise BodyCut(progress[0], expected, type(exc).__name__) from exc
-    filled = progress[0]
-    if filled < expected and (status == 206 or total is not None):
+        total = length
+        expected = min(len(target), total)
+    view = target[: min(expected, length)]  # a shorter Content-Length is a cut body
+    early = head.early[: len(view)]
+    view[: len(early)] = early
+    filled = len(early) + _recv_exactly(sock, view[len(early) :], waitall, len(early))
+    if filled < expected:
         raise BodyCut(filled, expected, "end of stream")
-    reusable = response.isclosed() or response.length == 0
+    reusable = head.keep_alive and len(head.early) + (len(view) - len(early)) == length
     return Answer(status, filled, start, total, etag, version_id), reusable
 
 
-def _read_response(
-    response: http.client.HTTPResponse, view: memoryview, progress: list[int]
-) -> None:
-    while progress[0] < len(view):
-        n = response.readinto(view[progress[0] :])
-        if not n:
-            return
-        progress[0] += n
+def _recv_exactly(sock: socket.socket, view: memoryview, waitall: bool, offset: int = 0) -> int:
+    """Receive up to ``len(view)`` bytes; fewer only if the connection ends first.
 
+    A broken connection raises ``BodyCut`` counting ``offset`` bytes received before.
 
-def _read_socket(
-    response: http.client.HTTPResponse, sock: socket.socket, view: memoryview, progress: list[int]
-) -> None:
-    """Read the whole body into ``view`` with as few calls, and GIL hand-overs, as possible.
-
-    ``HTTPResponse.readinto`` returns to Python after every ``recv`` (often
-    64-256 KiB on loopback), so 16 readers take the GIL thousands of times a
-    second from the device thread and the event loop. Here the bytes the
-    response has buffered are taken first, then one blocking
-    ``recv_into(..., MSG_WAITALL)`` waits in the kernel, without the GIL, until
-    the range is complete. The socket's timeout becomes ``SO_RCVTIMEO`` for
-    the call (a timed-out call returns what it has; the next raises), and
-    ``Transfer.abort``'s shutdown still ends it at once.
+    With ``waitall`` (a plain socket on Linux), one ``recv_into(MSG_WAITALL)``
+    waits in the kernel, without the GIL, until the range is complete:
+    ``recv`` in a loop returned to Python every 64-256 KiB on loopback. The
+    socket's timeout becomes ``SO_RCVTIMEO`` for it (a timed-out call returns
+    what it has; the next raises), and ``Transfer.abort``'s shutdown still
+    ends it at once.
     """
-    fp = response.fp
-    assert fp is not None
-    buffered = len(fp.peek(1)) if len(view) else 0  # what was read with the headers
-    if buffered:
-        progress[0] = fp.readinto(view[: min(buffered, len(view))])
+    filled = 0
     timeout = sock.gettimeout()
-    sock.settimeout(None)
-    if timeout is not None:
-        seconds, fraction = divmod(timeout, 1.0)
-        sock.setsockopt(
-            socket.SOL_SOCKET,
-            socket.SO_RCVTIMEO,
-            struct.pack("ll", int(seconds), int(fraction * 1e6)),
-        )
+    if waitall and view:
+        sock.settimeout(None)
+        if timeout is not None:
+            seconds, fraction = divmod(timeout, 1.0)
+            packed = struct.pack("ll", int(seconds), int(fraction * 1e6))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, packed)
     try:
-        while progress[0] < len(view):
+        while filled < len(view):
             try:
-                n = sock.recv_into(view[progress[0] :], 0, socket.MSG_WAITALL)
+                n = sock.recv_into(view[filled:], 0, socket.MSG_WAITALL if waitall else 0)
             except BlockingIOError as exc:  # SO_RCVTIMEO elapsed with nothing received
                 raise TimeoutError("timed out reading the response body") from exc
+            except ConnectionError as exc:
+                raise BodyCut(offset + filled, offset + len(view), type(exc).__name__) from exc
             if not n:
                 break
-            progress[0] += n
+            filled += n
     finally:
-        sock.settimeout(timeout)
-    response.length = len(view) - progress[0]
-    if response.length == 0:
-        response.close()  # the body is consumed: the connection can serve the next request
+        if waitall:
+            sock.settimeout(timeout)
+    return filled
+
+
+def _read_error_body(sock: socket.socket, early: memoryview, length: int | None) -> bytes:
+    """Up to ``ERROR_BODY_LIMIT`` bytes of an error answer's body (for S3's error code)."""
+    want = min(length if length is not None else ERROR_BODY_LIMIT, ERROR_BODY_LIMIT)
+    body = bytearray(early[:want])
+    if len(body) < want:
+        rest = bytearray(want - len(body))
+        with contextlib.suppress(OSError, BodyCut):  # the code is a nicety; the status is news
+            got = _recv_exactly(sock, memoryview(rest), waitall=False)
+            body += rest[:got]
+    return bytes(body)
 
 
 def _content_range(value: str | None) -> tuple[int, int, int | None]:

@@ -76,7 +76,7 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
             ours = readers[mode]
             assert ours["settings"]["sink"] == sink
             assert ours["latency_burst"]["p99_ms"] > 0
-            assert ours["ring_bytes"] == 32 * 8 * 1024 * 1024
+            assert ours["ring_bytes"] == 32 * 16 * 1024 * 1024  # the default ring and part size
             assert set(ours["steady_state_allocations"]) >= {"pinned_allocations"}
         assert readers["ours"]["hook_chunks"] == 0
         assert readers["ours-hook"]["hook_chunks"] >= len(readers["ours-hook"]["runs"])

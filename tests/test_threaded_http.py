@@ -44,7 +44,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = b"<Error><Code>SlowDown</Code><Message>later</Message></Error>"
             self._answer(503, body, {})
         elif self.path.startswith("/norange"):  # ignores Range: the whole body, 200
-            self._answer(200, DATA, {"ETag": '"abc"'})
+            self._answer(200, BIG, {"ETag": '"abc"'})
         elif self.path.startswith("/badrange"):
             self._answer(206, DATA[:10], {"Content-Range": "bytes nonsense"})
         elif self.path.startswith("/big"):
@@ -142,9 +142,11 @@ def test_a_server_that_ignores_range_is_read_up_to_the_target(
 ) -> None:
     target = bytearray(100)
     answer = get_into(pool, f"{server}/norange", {"Range": "bytes=0-99"}, memoryview(target))
-    assert (answer.status, answer.filled, answer.total) == (200, 100, len(DATA))
-    assert bytes(target) == DATA[:100]
-    get_into(pool, f"{server}/norange", {}, memoryview(bytearray(len(DATA))))
+    assert (answer.status, answer.filled, answer.total) == (200, 100, len(BIG))
+    assert bytes(target) == BIG[:100]
+    whole = bytearray(len(BIG))
+    get_into(pool, f"{server}/norange", {}, memoryview(whole))
+    assert whole == BIG
     assert pool.opened == 2  # the unread rest of the first answer closed its connection
 
 

@@ -9,10 +9,10 @@ in-order consumer to time every range, device round trip and wait::
 
     .venv/bin/python -m tests.trace_large 512 cpu --zero-cost-device
     python3 -m tests.trace_large 2048 cuda        # on the GPU machine
-    python3 -m tests.trace_large 2048 cuda --variant "" --variant "batch_wait_ms=0 device_window=16"
+    python3 -m tests.trace_large 2048 cuda --variant "" --variant "part_size=8388608"
 
 Each ``--variant`` is a space-separated list of worker settings (and
-``device_window``, the pipeline's chunks-in-flight constant) to trace in turn.
+``device_window_mb``, the pipeline's source bytes on the device) to trace in turn.
 
 ``--zero-cost-device`` replaces the CPU runner's work with nothing, so what is
 left is the pipeline itself (reads, ordering, hand-offs). docs/benchmarks.md
@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import itertools
 import os
+import pstats
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -35,6 +38,7 @@ import anyio
 
 from gpu import jobs
 from gpu.jobs import ChunkJob, ChunkResult, consume
+from gpu.thread import DeviceThread
 from ingest import device, fetch, pipeline
 from ingest.samples import synthetic_multiframe
 from ingest.stack import Stack, embedded_stack
@@ -44,6 +48,7 @@ Event = tuple[str, float, float, int]  # kind, start, end, size (bytes or batch 
 EVENTS: list[Event] = []
 DEVICE_TIMES: list[tuple[float, float]] = []  # CUDA-event h2d and kernel seconds per chunk
 RUNNER_STATS: dict[str, int | float] = {}
+PROFILES: dict[str, cProfile.Profile] = {}  # --profile: the device thread's, the loop's
 
 
 def instrument() -> None:
@@ -109,6 +114,26 @@ def instrument() -> None:
     device.DeviceStage.submit = timed_submit  # type: ignore[method-assign]
     device.DeviceStage._dispatch = timed_dispatch  # type: ignore[method-assign]
     pipeline._InOrder.__anext__ = timed_next  # type: ignore[method-assign]
+
+
+def profile_device_thread() -> None:
+    """cProfile the device thread of each worker (``DeviceThread._main``, queue waits and all)."""
+    main = DeviceThread._main
+
+    def profiled(self: Any, ready: Any) -> None:
+        PROFILES["device thread"] = profile = cProfile.Profile()
+        profile.runcall(main, self, ready)
+
+    DeviceThread._main = profiled  # type: ignore[method-assign]
+
+
+def print_profiles(callers_of: str | None) -> None:
+    for name, profile in PROFILES.items():
+        print(f"  -- cProfile, {name}, by own time:")
+        stats = pstats.Stats(profile, stream=sys.stdout)
+        stats.sort_stats("tottime").print_stats(22)
+        if callers_of:
+            stats.print_callers(callers_of)
 
 
 def time_event_waits(runner: Any) -> None:
@@ -178,18 +203,19 @@ def report(label: str, size: int) -> None:
         )
 
 
-async def trace(stack: Stack, frames: int, backend: str, variants: list[str]) -> None:
+async def trace(stack: Stack, frames: int, backend: str, variants: list[str], args: Any) -> None:
     data = synthetic_multiframe(frames, 512, 512)
-    default_window = pipeline.DEVICE_WINDOW
+    default_window = pipeline.DEVICE_WINDOW_BYTES
     for variant in variants:
         overrides = dict(item.split("=", 1) for item in variant.split())
-        pipeline.DEVICE_WINDOW = int(overrides.pop("device_window", default_window))
+        window_mb = overrides.pop("device_window_mb", None)
+        pipeline.DEVICE_WINDOW_BYTES = int(window_mb) << 20 if window_mb else default_window
         names = harness.make_names(uuid.uuid4().hex[:10])
         harness.prepare(stack, names)
         await harness.upload(stack, names.source_bucket, [("warm.dcm", data), ("big.dcm", data)])
         settings = harness.make_settings(
             stack, names, **{
-                "device": backend, "part_size": str(8 << 20), "ring_slots": "32",
+                "device": backend, "part_size": str(16 << 20), "ring_slots": "32",
                 "sink": "none", "hook": "ingest.bench_ours:bench_hook", "source_hash": "none",
                 "fetch_concurrency": "16", **overrides,
             }
@@ -199,8 +225,16 @@ async def trace(stack: Stack, frames: int, backend: str, variants: list[str]) ->
             DEVICE_TIMES.clear()
             note = harness.aws_notification(names.source_bucket, [key])
             await harness.publish(stack, names.source_topic, [note])
+            loop_profile = cProfile.Profile()
+            if args.profile:
+                PROFILES["event loop (the whole worker run)"] = loop_profile
+                loop_profile.enable()
             await harness.run_worker(settings, stop_after=1)
-            report(f"{key} [{variant or 'defaults'}; window {pipeline.DEVICE_WINDOW}]", len(data))
+            loop_profile.disable()
+            window = pipeline.device_window(settings)
+            report(f"{key} [{variant or 'defaults'}; {window} chunks on the device]", len(data))
+            if args.profile and key == "big.dcm":
+                print_profiles(args.callers_of)
 
 
 def main() -> None:
@@ -211,13 +245,21 @@ def main() -> None:
     parser.add_argument(
         "--variant", action="append", help='settings to trace, e.g. "batch_wait_ms=0"'
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the device thread and the event loop"
+    )
+    parser.add_argument("--callers-of", help="with --profile: who calls this, e.g. inspect.py:2686")
     args = parser.parse_args()
     instrument()
+    if args.profile:
+        profile_device_thread()
     if args.zero_cost_device:
         zero_cost_device()
     with embedded_stack() as stack:
         os.environ.update(stack.endpoints.environment())
-        anyio.run(trace, stack, args.frames, args.device, args.variant or [""], backend="asyncio")
+        anyio.run(
+            trace, stack, args.frames, args.device, args.variant or [""], args, backend="asyncio"
+        )
 
 
 if __name__ == "__main__":
