@@ -10,6 +10,8 @@ Facts this module relies on:
 - Copies and kernels issued to one stream execute in issue order, each after
   the previous one completed. So the kernel sees every H2D copy issued before it,
   and a D2H copy issued after it sees its output, with no extra synchronisation.
+- Copies and event records are issued through ``gpu.enqueue`` (the driver,
+  keeping the GIL), so nothing else runs between an event and its copy.
 - A host slot may be reused only once the event recorded right after its H2D
   copy has completed: until then the DMA engine may still be reading it. That is
   when ``on_consumed`` is called (on this thread), before the kernel finishes.
@@ -34,12 +36,14 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu import kernel
+from gpu.enqueue import Enqueue
 from gpu.jobs import ChunkJob, ChunkResult, consume, host_bytes
 from gpu.memory import COUNTERS
 from gpu.preprocess import ChunkPlan, plan_chunk
 
 _ALIGN = 512  # offsets of chunks inside the arenas (CuPy's own allocation granularity)
 _MIN_ARENA = 1 << 20
+_PINNED_CACHE = 4096  # addresses whose pinned-or-not answer is kept
 
 
 def _round(n: int) -> int:
@@ -112,6 +116,8 @@ class CudaRunner:
         self._host_out = _Arena(cupy, pinned=True, stats=self._stats)
         self._host_params = _Arena(cupy, pinned=True, stats=self._stats)
         self._events: list[Any] = []
+        self._issue = Enqueue(cupy)  # copies and events issued without a GIL hand-over
+        self._pinned_at: dict[int, bool] = {}
         kernel.compile_kernel()  # compile errors surface at start-up, not in the first batch
 
     def stats(self) -> dict[str, int | float]:
@@ -170,7 +176,7 @@ class CudaRunner:
         outcomes: list[ChunkResult | BaseException | None],
         consumed: list[bool],
     ) -> None:
-        cp, rt, stream = self._cp, self._rt, self.stream
+        cp, stream, issue = self._cp, self.stream, self._issue
         in_at, out_at, host_at = [], [], []
         in_total = out_total = host_total = 0
         for i, plan in valid:
@@ -205,9 +211,7 @@ class CudaRunner:
             self._host_params.ensure(packed.nbytes)
             self._dev_params.ensure(packed.nbytes)
             self._host_params.host_array(0, packed.nbytes)[:] = packed
-            self._copy(
-                self._dev_params.ptr, self._host_params.ptr, packed.nbytes, rt.memcpyHostToDevice
-            )
+            issue.h2d(self._dev_params.ptr, self._host_params.ptr, packed.nbytes, stream)
             n = len(valid)
             events = self._events_for(3 * n + 1)
             launched, before, h2d, d2h = (
@@ -221,9 +225,9 @@ class CudaRunner:
             # An event on each side of each copy: the copy's own time on the DMA engine,
             # whatever gaps the host leaves between issuing them.
             for k, source in enumerate(sources):
-                before[k].record(stream)
-                self._copy(src_ptrs[k], source.ctypes.data, source.nbytes, rt.memcpyHostToDevice)
-                h2d[k].record(stream)
+                issue.record(before[k], stream)
+                issue.h2d(src_ptrs[k], source.ctypes.data, source.nbytes, stream)
+                issue.record(h2d[k], stream)
             params = self._dev_params.memory
             n_ints, n_floats = ints.nbytes, floats.nbytes
             kernel.launch(
@@ -233,18 +237,13 @@ class CudaRunner:
                 len(plans),
                 max(plan.n for plan in plans),
             )
-            launched.record(stream)
+            issue.record(launched, stream)
             self._stats["kernel_launches"] += 1
             for k, (i, plan) in enumerate(valid):
                 if jobs[i].want_host or not jobs[i].keep_on_device:
-                    self._copy(
-                        self._host_out.ptr + host_at[k],
-                        dst_ptrs[k],
-                        plan.out_nbytes,
-                        rt.memcpyDeviceToHost,
-                    )
+                    issue.d2h(self._host_out.ptr + host_at[k], dst_ptrs[k], plan.out_nbytes, stream)
                     self._stats["bytes_d2h"] += plan.out_nbytes
-                d2h[k].record(stream)
+                issue.record(d2h[k], stream)
         for k, (i, _) in enumerate(valid):
             h2d[k].synchronize()
             consumed[i] = True
@@ -274,17 +273,21 @@ class CudaRunner:
                 ms(d2h[k - 1] if k else launched, d2h[k]) / 1000.0,
             )
 
-    def _copy(self, dst: int, src: int, nbytes: int, kind: int) -> None:
-        if nbytes:
-            self._rt.memcpyAsync(dst, src, nbytes, kind, self.stream.ptr)
-
     def _pageable_check(self, source: npt.NDArray[np.uint8]) -> None:
+        """Count copies from pageable memory; the answer per address is remembered (the
+        ring's slots come back again and again, and each query is a call into CUDA)."""
         if not source.nbytes:
             return
-        try:
-            attrs = self._rt.pointerGetAttributes(source.ctypes.data)
-            pinned = int(attrs.type) == int(getattr(self._rt, "memoryTypeHost", 1))
-        except Exception:  # older drivers raise on unregistered memory
-            pinned = False
+        address = source.ctypes.data
+        pinned = self._pinned_at.get(address)
+        if pinned is None:
+            try:
+                attrs = self._rt.pointerGetAttributes(address)
+                pinned = int(attrs.type) == int(getattr(self._rt, "memoryTypeHost", 1))
+            except Exception:  # older drivers raise on unregistered memory
+                pinned = False
+            if len(self._pinned_at) >= _PINNED_CACHE:
+                self._pinned_at.clear()
+            self._pinned_at[address] = pinned
         if not pinned:
             self._stats["pageable_h2d_jobs"] += 1

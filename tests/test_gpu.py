@@ -338,3 +338,26 @@ def test_h2d_throughput_report() -> None:
                 f"kernel {8 * size * 3 / kernel_s / 1e9:.0f} GB/s (in+out); "
                 f"batch wall {wall * 1e3:.1f} ms"
             )
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["driver", "cupy"])
+def test_enqueue_copies_both_ways_and_times_them_with_events(direct: bool) -> None:
+    from gpu.enqueue import Enqueue
+
+    issue = Enqueue(cp)
+    assert issue.direct  # libcuda.so.1 is where CUDA runs
+    issue.direct = direct
+    stream = cp.cuda.Stream(non_blocking=True)
+    host_in = cp.cuda.alloc_pinned_memory(1 << 20)
+    host_out = cp.cuda.alloc_pinned_memory(1 << 20)
+    source = np.frombuffer(host_in, dtype=np.uint8, count=1 << 20)
+    source[:] = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+    device = cp.empty(1 << 20, dtype=cp.uint8)
+    before, after = cp.cuda.Event(), cp.cuda.Event()
+    issue.record(before, stream)
+    issue.h2d(int(device.data.ptr), int(host_in.ptr), 1 << 20, stream)
+    issue.record(after, stream)
+    issue.d2h(int(host_out.ptr), int(device.data.ptr), 1 << 20, stream)
+    stream.synchronize()
+    assert np.array_equal(np.frombuffer(host_out, dtype=np.uint8, count=1 << 20), source)
+    assert cp.cuda.get_elapsed_time(before, after) > 0
