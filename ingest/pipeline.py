@@ -49,17 +49,19 @@ from ingest.sink import ArrayWriter, DiscardWriter, OutputSink, output_keys
 from ingest.source_digest import SourceDigest
 
 MAX_VERSION_RETRIES = 3
-# Source bytes of one large object on the device at once (chunks submitted, results not
-# yet taken): 8 chunks of 16 MiB kept the H200 busy (``python -m tests.trace_large``).
-# With the sink on, the results wait in host memory for the writer, whose PUTs are far
-# slower than the device: a smaller window keeps RSS within its target.
+# Source bytes of one large object in flight to the device (chunks submitted, results not
+# yet taken). When the results stay on the GPU (a hook, no sink), 8 chunks of 16 MiB kept
+# the H200 busy (``python -m tests.trace_large``). When they come back to host memory
+# (the sink, or the CPU twin) they wait there for the writer or the hook, so the window
+# is small to keep RSS within its target.
 DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
-SINK_WINDOW_BYTES = 32 * 1024 * 1024
+HOST_WINDOW_BYTES = 32 * 1024 * 1024
 
 
-def device_window(settings: Settings) -> int:
+def device_window(settings: Settings, backend: str) -> int:
     """Chunks of one large object in flight on the device."""
-    budget = DEVICE_WINDOW_BYTES if settings.sink == "none" else SINK_WINDOW_BYTES
+    on_device = settings.sink == "none" and backend == "cuda"
+    budget = DEVICE_WINDOW_BYTES if on_device else HOST_WINDOW_BYTES
     return max(2, budget // settings.part_size)
 
 
@@ -323,7 +325,7 @@ async def _pipelined_chunks(
     hasher has finished reading it by then).
     """
     in_flight: deque[asyncio.Future[ChunkResult]] = deque()
-    window = device_window(ctx.settings)
+    window = device_window(ctx.settings, ctx.device.backend)
     try:
         index = 0
         async for slot, view in reads:

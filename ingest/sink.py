@@ -3,7 +3,8 @@
 For a source ``s3://B/K`` the outputs are ``OUTPUT_URL + B + "/" + K + ".npy"``
 and ``... + ".json"`` (DESIGN.md 3.4). The array arrives as output chunks in
 order; small arrays are written with one PUT, larger ones with a multipart
-upload whose parts (at least 8 MiB, S3 wants 5 MiB) are uploaded while later
+upload whose parts (8 MiB, S3 wants at least 5 MiB; larger only when an
+output would need more than S3's 10,000 parts) are uploaded while later
 chunks are still being processed, a few at a time, so the sink holds at most
 ``parts_in_flight + 1`` parts of memory per object whatever its size. The
 bytes depend only on the source version and the settings, so writing the same
@@ -30,6 +31,14 @@ from ingest.retry import with_retries
 from ingest.settings import Settings
 
 MIN_PART = 8 * 1024 * 1024
+MAX_PARTS = 10_000  # S3's limit per multipart upload
+_MIB = 1024 * 1024
+
+
+def output_part_size(total: int) -> int:
+    """Bytes per multipart part for an output of ``total`` bytes: 8 MiB, or the
+    smallest whole MiB that keeps the upload within ``MAX_PARTS`` parts."""
+    return max(MIN_PART, -(-total // (MAX_PARTS * _MIB)) * _MIB)
 
 
 def output_keys(settings: Settings, bucket: str, key: str) -> tuple[str, str]:
@@ -77,7 +86,7 @@ class ArrayWriter:
         self._buffered = len(header)
         self._written = 0
         self._upload = _Upload()
-        self._part_size = max(MIN_PART, sink.settings.part_size)
+        self._part_size = output_part_size(self.total)
         self._multipart = self.total > 2 * self._part_size
         self._limiter = anyio.Semaphore(sink.parts_in_flight)
         self._group: TaskGroup | None = None

@@ -346,7 +346,7 @@ def _read_answer(sock: socket.socket, target: memoryview, *, waitall: bool) -> t
     framed = "transfer-encoding" not in headers and headers.get("content-length", "").isdigit()
     length = int(headers["content-length"]) if framed else None
     if status not in (200, 206):
-        body = _read_error_body(sock, head.early, length)
+        body = _read_error_body(sock, head, length)
         match = _CODE.search(body)
         code = match.group(1).decode("ascii", "replace") if match else ""
         raise HttpStatusError(status, code, f"S3 answered {status} {code}".rstrip())
@@ -410,15 +410,23 @@ def _recv_exactly(sock: socket.socket, view: memoryview, waitall: bool, offset: 
     return filled
 
 
-def _read_error_body(sock: socket.socket, early: memoryview, length: int | None) -> bytes:
-    """Up to ``ERROR_BODY_LIMIT`` bytes of an error answer's body (for S3's error code)."""
-    want = min(length if length is not None else ERROR_BODY_LIMIT, ERROR_BODY_LIMIT)
-    body = bytearray(early[:want])
-    if len(body) < want:
-        rest = bytearray(want - len(body))
-        with contextlib.suppress(OSError, BodyCut):  # the code is a nicety; the status is news
-            got = _recv_exactly(sock, memoryview(rest), waitall=False)
-            body += rest[:got]
+def _read_error_body(sock: socket.socket, head: _Head, length: int | None) -> bytes:
+    """Up to ``ERROR_BODY_LIMIT`` bytes of an error answer's body (for S3's error code).
+
+    A chunked body is read to its last chunk (``0\\r\\n\\r\\n``), not to
+    the connection's end, which a keep-alive server never sends; chunk-size
+    lines stay in, the error code is found by a search.
+    """
+    chunked = "chunked" in head.headers.get("transfer-encoding", "").lower()
+    want = ERROR_BODY_LIMIT if length is None else min(length, ERROR_BODY_LIMIT)
+    body = bytearray(head.early[:want])
+    piece = bytearray(min(want, 16 * 1024))
+    with contextlib.suppress(OSError, BodyCut):  # the code is a nicety; the status is news
+        while len(body) < want and not (chunked and body.endswith(b"0\r\n\r\n")):
+            n = sock.recv_into(piece, min(len(piece), want - len(body)))
+            if not n:
+                break
+            body += piece[:n]
     return bytes(body)
 
 

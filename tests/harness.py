@@ -91,6 +91,22 @@ async def committed_offset(stack: Stack, group: str, topic: str) -> int:
         await consumer.stop()
 
 
+async def settled_committed_offset(stack: Stack, group: str, topic: str) -> int:
+    """The committed offset once two reads half a second apart agree.
+
+    A worker stopped by cancellation (a crash in the tests' terms) may leave a
+    commit request on the wire that the broker applies after the worker is
+    gone; reading once right away can see the offset before it.
+    """
+    last = await committed_offset(stack, group, topic)
+    while True:
+        await anyio.sleep(0.5)
+        now = await committed_offset(stack, group, topic)
+        if now == last:
+            return now
+        last = now
+
+
 def s3_client(stack: Stack) -> Any:
     creds = stack.endpoints.credentials
     return get_session().create_client(

@@ -11,6 +11,7 @@ import anyio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+import ingest.pipeline
 import ingest.worker
 from ingest.notifications import ObjectRef
 from ingest.pipeline import Context, Processed
@@ -42,7 +43,7 @@ async def test_work_slower_than_the_poll_interval_keeps_the_member_and_its_commi
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     keys = await publish_slices(stack, names, 4)
-    real = ingest.worker.process_object
+    real = ingest.pipeline.process_object  # the worker's name for it is patched below
 
     async def slow(ctx: Context, ref: ObjectRef) -> Processed:
         await anyio.sleep(4.0)  # twice the max poll interval below
@@ -223,7 +224,7 @@ async def test_a_repeat_is_not_committed_before_the_object_it_repeats_finished(
         await producer.stop()
     release = anyio.Event()
     started = anyio.Event()
-    real = ingest.worker.process_object
+    real = ingest.pipeline.process_object  # the worker's name for it is patched below
 
     async def held(ctx: Context, ref: ObjectRef) -> Processed:
         started.set()

@@ -15,7 +15,7 @@ def test_ready_only_when_polling_and_both_servers_answered() -> None:
     h.polled(assigned=2)
     assert any("broker" in p for p in h.problems())  # polling proves nothing about the broker
     h.broker_ok = h.s3_ok = h.last_poll
-    assert h.problems(now=h.last_poll) == []  # type: ignore[arg-type]
+    assert h.problems(now=h.last_poll) == []
     now = (h.last_poll or 0.0) + STALE_AFTER_S + 1
     assert "not polling" in h.problems(now=now)
     h.broker_error = "KafkaConnectionError"

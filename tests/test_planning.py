@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from gpu.formats import PixelFormat
 from ingest.errors import LimitExceeded
 from ingest.planning import ByteRange, chunk_pixels, first_read, split_range
+from ingest.sink import MAX_PARTS, MIN_PART, output_part_size
 
 MiB = 1024 * 1024
 
@@ -64,3 +65,14 @@ def test_planar_colour_frame_larger_than_a_part_is_refused() -> None:
     f = fmt(frames=1, rows=4096, cols=4096, samples=3, bits=8, planar=True)
     with pytest.raises(LimitExceeded):
         chunk_pixels(0, f, 8 * MiB)
+
+
+def test_output_parts_are_8_mib_until_s3s_part_limit_needs_more() -> None:
+    mib = 1024 * 1024
+    assert output_part_size(1) == MIN_PART
+    assert output_part_size(MAX_PARTS * MIN_PART) == MIN_PART
+    assert output_part_size(MAX_PARTS * MIN_PART + 1) == MIN_PART + mib
+    for total in (80 * 1024**3, 128 * 1024**3, 10**12):  # 20 GB RGB as float32 and beyond
+        part = output_part_size(total)
+        assert part % mib == 0
+        assert -(-total // part) <= MAX_PARTS

@@ -30,7 +30,7 @@ from ingest.errors import (
     SourceUnavailable,
     TruncatedBody,
 )
-from ingest.fetch import S3Source
+from ingest.fetch import Presigned, S3Source
 from ingest.planning import ByteRange
 from ingest.samples import example_bytes, synthetic_ct_series, synthetic_multiframe
 from ingest.settings import Settings
@@ -168,7 +168,7 @@ TRANSIENT: dict[str, Fault] = {
 @asynccontextmanager
 async def source_through(
     stack: Stack, plan: FaultPlan, data: bytes
-) -> AsyncIterator[tuple[S3Source, str, str]]:
+) -> AsyncIterator[tuple[S3Source, Presigned, str]]:
     names = harness.make_names(uuid.uuid4().hex[:10])
     stack.s3.create_bucket(names.source_bucket)
     key = "obj/x.dcm"
@@ -478,8 +478,8 @@ async def test_worker_rereads_an_object_replaced_while_read(stack: Stack) -> Non
             "ok/CT_small.dcm": objects["ok/CT_small.dcm"],
         },
     )
-    restless = run.dead["replace/restless.dcm"]
-    assert (restless["reason"], restless["attempts"]) == ("object_changed", 3)
+    dead = run.dead["replace/restless.dcm"]
+    assert (dead["reason"], dead["attempts"]) == ("object_changed", 3)
     assert len(first_gets(plan, "replace/restless.dcm")) == 3
     assert list(run.dead) == ["replace/restless.dcm"]
     # the large object was read twice from the start: the old version, then the new one

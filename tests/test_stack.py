@@ -30,7 +30,7 @@ from ingest.stack import (
 )
 
 if TYPE_CHECKING:
-    from conftest import FreshNames
+    from tests.conftest import FreshNames
 
 # Tansu holds JoinGroup for about half the session timeout: keep it short in tests.
 GROUP_TIMING = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 200}

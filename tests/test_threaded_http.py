@@ -47,6 +47,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, BIG, {"ETag": '"abc"'})
         elif self.path.startswith("/badrange"):
             self._answer(206, DATA[:10], {"Content-Range": "bytes nonsense"})
+        elif self.path.startswith("/chunked-error"):  # chunked, and the connection stays open
+            body = b"<Error><Code>InternalError</Code></Error>"
+            self.send_response(500)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
         elif self.path.startswith("/big"):
             self._answer(206, BIG, {"Content-Range": f"bytes 0-{len(BIG) - 1}/{len(BIG)}"})
         elif self.path.startswith("/stall"):  # declares 16 KiB, sends 1 KiB, goes quiet
@@ -154,6 +160,14 @@ def test_error_status_carries_the_s3_code(server: str, pool: ConnectionPool) -> 
     with pytest.raises(HttpStatusError) as caught:
         get_into(pool, f"{server}/error", {}, memoryview(bytearray(10)))
     assert (caught.value.status, caught.value.code) == (503, "SlowDown")
+
+
+def test_a_chunked_error_answer_is_not_waited_for(server: str, pool: ConnectionPool) -> None:
+    started = time.monotonic()
+    with pytest.raises(HttpStatusError) as caught:
+        get_into(pool, f"{server}/chunked-error", {}, memoryview(bytearray(10)))
+    assert (caught.value.status, caught.value.code) == (500, "InternalError")
+    assert time.monotonic() - started < 1.0  # not the 2 s read timeout
 
 
 def test_a_206_without_a_usable_content_range_is_refused(server: str, pool: ConnectionPool) -> None:
