@@ -50,7 +50,7 @@ def per_frame_rescale(value: bytes, implicit_vr: bool) -> list[tuple[float, floa
     try:
         walker = _Walker(value, implicit_vr)
         return [walker.frame_rescale(start, end) for start, end in walker.items(0, len(value))]
-    except (_Unsure, struct.error, ValueError):
+    except (_Unsure, struct.error, ValueError, RecursionError):  # nested too deep for us
         return None
 
 
