@@ -59,6 +59,7 @@ from ingest.sink import OutputSink
 
 log = structlog.get_logger("dicom_ingest.worker")
 CLOSE_TIMEOUT_S = 10.0
+COMMIT_TIMEOUT_S = 10.0  # a commit is never abandoned half way, but not waited on forever
 
 
 def key_digest(key: str) -> str:
@@ -387,10 +388,17 @@ class Worker:
         offsets = {p: o for p, o in self._tracker.to_commit().items() if p in assigned}
         if not offsets:
             return
-        try:
-            await commit(self._consumer, offsets)
-        except BrokerError as exc:
-            log.warning("commit failed", error=str(exc))
+        # Shielded, bounded: a commit cancelled half way goes on inside aiokafka, lands
+        # at the broker after we stopped looking, and fails unheard if the consumer
+        # closes first ("Task exception was never retrieved", seen in the bench).
+        with anyio.move_on_after(COMMIT_TIMEOUT_S, shield=True) as scope:
+            try:
+                await commit(self._consumer, offsets)
+            except BrokerError as exc:
+                log.warning("commit failed", error=str(exc))
+                return
+        if scope.cancelled_caught:
+            log.warning("commit timed out", timeout_s=COMMIT_TIMEOUT_S)
             return
         self._tracker.committed(offsets)
         self.stats.commits += 1

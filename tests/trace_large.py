@@ -4,8 +4,10 @@ A diagnostic, not a test (pytest does not collect it). It starts the embedded
 stack, uploads a synthetic multi-frame object of FRAMES 512x512 16-bit frames
 twice (a warm-up and a measured copy), runs the real worker on each in hook
 mode with the source hash off, and wraps (on the classes, for this process
-only) ``S3Source.read_into``, ``DeviceStage.submit``/``_dispatch`` and the
-in-order consumer to time every range, device round trip and wait::
+only) ``S3Source.read_into``, ``DeviceStage.submit``/``_dispatch``, the
+runners' ``run`` (the device thread's batches), the CUDA events the device
+thread waits on, and the in-order consumer to time every range, device round
+trip, batch and wait::
 
     .venv/bin/python -m tests.trace_large 512 cpu --zero-cost-device
     python3 -m tests.trace_large 2048 cuda        # on the GPU machine
@@ -15,7 +17,9 @@ Each ``--variant`` is a space-separated list of worker settings (and
 ``device_window_mb``, the pipeline's source bytes on the device) to trace in turn.
 
 ``--zero-cost-device`` replaces the CPU runner's work with nothing, so what is
-left is the pipeline itself (reads, ordering, hand-offs). docs/benchmarks.md
+left is the pipeline itself (reads, ordering, hand-offs). ``--profile`` adds
+cProfile tables of the device thread and the event loop (wall time: a thread
+waiting for the GIL is charged to the line it waits on). docs/benchmarks.md
 quotes its figures.
 """
 
