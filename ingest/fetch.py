@@ -45,18 +45,11 @@ from ingest.errors import (
     SourceUnavailable,
     TruncatedBody,
 )
+from ingest.http_answer import Answer, BodyCut, HttpStatusError
 from ingest.planning import ByteRange
 from ingest.retry import with_retries
 from ingest.settings import Settings
-from ingest.threaded_http import (
-    Answer,
-    BodyCut,
-    ConnectionPool,
-    HttpStatusError,
-    Transfer,
-    get_into,
-    put_from,
-)
+from ingest.threaded_http import ConnectionPool, Transfer, get_into, put_from
 
 T = TypeVar("T")
 PRESIGN_EXPIRES_S = 12 * 3600  # a presigned URL outlives the slowest object read with it

@@ -1,4 +1,4 @@
-"""``ingest/threaded_http.py`` against a tiny local HTTP server: ranges, reuse, errors, aborts.
+"""``threaded_http.py`` and ``http_answer.py`` against a tiny local HTTP server.
 
 The S3 behaviour itself (signing, If-Match, faults) is tested against SeaweedFS
 through the fault proxy in ``test_s3_faults.py``; here are the HTTP edges a
@@ -18,14 +18,8 @@ from typing import ClassVar
 
 import pytest
 
-from ingest.threaded_http import (
-    BodyCut,
-    ConnectionPool,
-    HttpStatusError,
-    Transfer,
-    get_into,
-    put_from,
-)
+from ingest.http_answer import BodyCut, HttpStatusError
+from ingest.threaded_http import ConnectionPool, Transfer, get_into, put_from
 
 DATA = bytes(range(256)) * 64  # 16 KiB
 BIG = bytes(range(251)) * (4 * 1024 * 1024 // 251)  # ~4 MiB: read past the response's buffer
