@@ -62,8 +62,17 @@ class Answer:
 
 
 def request_head(method: str, path: str, host: str, headers: dict[str, str]) -> bytes:
+    """The request line and headers of a body-less request.
+
+    Raises:
+        ValueError: a header value holds a line break (an ETag from a server, say),
+            which would start a header of its own.
+    """
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Accept-Encoding: identity"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"a line break in the value of header {name!r}")
+        lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import pytest
 
-from ingest.http_answer import BodyCut, HttpStatusError
+from ingest.http_answer import BodyCut, HttpStatusError, request_head
 from ingest.threaded_http import ConnectionPool, Transfer, get_into, put_from
 
 DATA = bytes(range(256)) * 64  # 16 KiB
@@ -236,3 +236,11 @@ def test_an_aborted_transfer_never_begins_and_a_begun_one_is_shut() -> None:
     finally:
         left.close()
         right.close()
+
+
+def test_a_header_value_with_a_line_break_is_refused_before_sending() -> None:
+    with pytest.raises(ValueError, match="line break"):
+        request_head("GET", "/k", "h", {"If-Match": '"abc"\nX-Evil: 1'})
+    assert request_head("GET", "/k", "h:1", {"Range": "bytes=0-9"}) == (
+        b"GET /k HTTP/1.1\r\nHost: h:1\r\nAccept-Encoding: identity\r\nRange: bytes=0-9\r\n\r\n"
+    )
