@@ -73,6 +73,12 @@ def bench_hook(chunk: HookChunk) -> None:
     HOOK_COUNTS["elements"] += chunk.elements
 
 
+def pass_limit_s(total_bytes: int) -> float:
+    """How long one pass over ``total_bytes`` may take: generous, so a stall fails the
+    run rather than hanging it."""
+    return 120.0 + total_bytes / 20e6
+
+
 def notification(bucket: str, obj: BenchObject) -> bytes:
     record = {
         "eventVersion": "2.1",
@@ -217,7 +223,7 @@ class OursRunner:
     ) -> dict[str, Any]:
         """Start the worker, warm up, run the passes, stop the worker; all figures."""
         total = sum(o.size for o in objects)
-        limit_s = 120.0 + total / 20e6  # generous: a stall fails the run rather than hanging
+        limit_s = pass_limit_s(total)
         producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.kafka_bootstrap, acks="all", linger_ms=1
         )

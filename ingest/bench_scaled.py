@@ -54,7 +54,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from anyio.abc import Process
 
 from ingest.bench_measure import TreeMeter, percentile, summarize
-from ingest.bench_ours import latency_summary, notification
+from ingest.bench_ours import latency_summary, notification, pass_limit_s
 from ingest.bench_workloads import BenchObject
 from ingest.settings import PREFIX, Settings, load_settings
 from ingest.stack import create_topics
@@ -323,7 +323,7 @@ class ScaledRunner:
     ) -> dict[str, Any]:
         assert self._process is not None
         total = sum(o.size for o in objects)
-        limit_s = 120.0 + total / 20e6  # generous: a stall fails the run rather than hanging
+        limit_s = pass_limit_s(total)
         await self._pass(warmup, 0.0, limit_s)
         runs: list[dict[str, Any]] = []
         burst_ms: list[float] = []
