@@ -19,6 +19,7 @@ compare both paths on the same objects.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterator
 
@@ -31,8 +32,11 @@ _UNDEFINED = 0xFFFFFFFF
 _LONG_VRS = frozenset(
     (b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV")
 )
+_SHORT_VRS = frozenset(
+    bytes((a, b)) for a in range(ord("A"), ord("Z") + 1) for b in range(ord("A"), ord("Z") + 1)
+) - _LONG_VRS  # any other two capitals: a 2-byte length (pydicom decides whether it is known)
 _TAG = struct.Struct("<HH")
-_U16 = struct.Struct("<H")
+_EXPLICIT = struct.Struct("<HH2sH")  # tag, VR, 2-byte length (or reserved before a long one)
 _U32 = struct.Struct("<I")
 
 
@@ -66,8 +70,7 @@ class _Walker:
         first = next(self.items(*found), None)
         if first is None:  # an empty sequence: the frame has none of its own
             return None
-        slope = self._find(*first, RESCALE_SLOPE)
-        intercept = self._find(*first, RESCALE_INTERCEPT)
+        slope, intercept = self._find_any(*first, (RESCALE_SLOPE, RESCALE_INTERCEPT))
         if slope is None or intercept is None:
             raise _Unsure  # pydicom says which one is missing
         return self._number(*slope), self._number(*intercept)
@@ -91,21 +94,34 @@ class _Walker:
 
     def _find(self, start: int, end: int, wanted: int) -> tuple[int, int] | None:
         """(start, end) of the value of element ``wanted`` among a dataset's elements."""
+        return self._find_any(start, end, (wanted,))[0]
+
+    def _find_any(
+        self, start: int, end: int, wanted: tuple[int, ...]
+    ) -> list[tuple[int, int] | None]:
+        """For each tag of ``wanted``, (start, end) of its value among a dataset's elements,
+        or None; one pass that stops once all are found."""
+        found: list[tuple[int, int] | None] = [None] * len(wanted)
+        missing = len(wanted)
         pos = start
         while pos < end:
             tag, length, value = self._element_header(pos, end)
             if length == _UNDEFINED:  # a sequence of undefined length
                 after = self._skip_items(value, end)
-                if tag == wanted:
-                    return value, after - 8
-                pos = after
-                continue
-            if value + length > end:
-                raise _Unsure
-            if tag == wanted:
-                return value, value + length
-            pos = value + length
-        return None
+                value_end, pos = after - 8, after
+            else:
+                value_end = pos = value + length
+                if value_end > end:
+                    raise _Unsure
+            if tag in wanted:
+                index = wanted.index(tag)
+                if found[index] is not None:  # a tag twice: pydicom decides which counts
+                    raise _Unsure
+                found[index] = (value, value_end)
+                missing -= 1
+                if not missing:
+                    break
+        return found
 
     def _skip_elements(self, start: int, end: int, *, until: int) -> int:
         """The position after the ``until`` delimiter that ends an undefined-length item."""
@@ -142,22 +158,22 @@ class _Walker:
         return group << 16 | element, _U32.unpack_from(self._data, pos + 4)[0], pos + 8
 
     def _element_header(self, pos: int, end: int) -> tuple[int, int, int]:
+        """Tag, value length and value position of the element at ``pos``."""
         if pos + 8 > end:
             raise _Unsure
-        group, element = _TAG.unpack_from(self._data, pos)
-        tag = group << 16 | element
+        group, element, vr, short = _EXPLICIT.unpack_from(self._data, pos)
         if group == 0xFFFE:  # a delimiter where an element should be
             raise _Unsure
+        tag = group << 16 | element
         if self._implicit:
             return tag, _U32.unpack_from(self._data, pos + 4)[0], pos + 8
-        vr = self._data[pos + 4 : pos + 6]
         if vr in _LONG_VRS:
             if pos + 12 > end:
                 raise _Unsure
             return tag, _U32.unpack_from(self._data, pos + 8)[0], pos + 12
-        if not (vr.isalpha() and vr.isupper()):
+        if vr not in _SHORT_VRS:
             raise _Unsure
-        return tag, _U16.unpack_from(self._data, pos + 6)[0], pos + 8
+        return tag, short, pos + 8
 
     def _number(self, start: int, end: int) -> float:
         """A DS value holding one finite number, as pydicom reads it (else pydicom decides)."""
@@ -165,6 +181,6 @@ class _Walker:
         if not text or b"\\" in text or b"_" in text:
             raise _Unsure
         number = float(text)
-        if number != number or number in (float("inf"), float("-inf")):
+        if not math.isfinite(number):
             raise _Unsure
         return number
