@@ -25,6 +25,7 @@ import base64
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -177,15 +178,18 @@ def _skipped(status: str, note: str, short: str) -> dict[str, Any]:
     return {"status": status, "note": note, "short": short}
 
 
-def _failed_run(exc: BaseException, log_file: Path) -> dict[str, Any]:
-    """A run that raised: its error and the end of its workers' log, for the report."""
+def _failed_run(exc: BaseException, log_file: Path, keep_in: Path) -> dict[str, Any]:
+    """A run that raised: its error and the end of its workers' log, for the report; the
+    whole log is kept in ``keep_in`` (the temporary folder goes when the bench ends)."""
     errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
     note = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
     try:
         tail = log_file.read_text(errors="replace").splitlines()[-40:]
+        keep_in.mkdir(parents=True, exist_ok=True)
+        kept: str | None = str(shutil.copy(log_file, keep_in / log_file.name))
     except OSError:
-        tail = []
-    return _skipped("failed", note, "failed") | {"log_tail": tail}
+        tail, kept = [], None
+    return _skipped("failed", note, "failed") | {"log_tail": tail, "log": kept}
 
 
 def _measure_reader(
@@ -364,7 +368,7 @@ async def run_bench(
                             )  # fmt: skip
                         except Exception as exc:  # reported; the other runs still go on
                             log_file = Path(tmp) / f"{name}-{label}.log"
-                            results[label] = _failed_run(exc, log_file)
+                            results[label] = _failed_run(exc, log_file, config.out)
                             console.print(f"[red]{name}: {label} failed: {exc!r}[/red]")
                         steps.done()
             if config.sweep and "large" in workloads:

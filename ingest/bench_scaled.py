@@ -81,6 +81,7 @@ def scaled_label(mode: str, processes: int) -> str:
 class _Pass:
     expected: int
     sent: dict[str, float] = field(default_factory=dict)
+    partition_of: dict[str, int] = field(default_factory=dict)  # where each was published
     done: dict[str, float] = field(default_factory=dict)
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -301,18 +302,32 @@ class ScaledRunner:
             partition = self._next_partition
             self._next_partition = (partition + 1) % self.partitions
             p.sent[obj.key] = time.perf_counter()
+            p.partition_of[obj.key] = partition
             message = notification(bucket, obj)
             deliveries.append(await self._producer.send(topic, message, partition=partition))
         for delivery in deliveries:
             await delivery
-        with anyio.fail_after(limit_s):
+        with anyio.move_on_after(limit_s):
             while not p.finished.is_set():
                 with anyio.move_on_after(1.0):
                     await p.finished.wait()
                 self._check_alive()
+        if not p.finished.is_set():
+            raise RuntimeError(self._unfinished(p, limit_s))
         if p.errors:
             raise RuntimeError(f"{len(p.errors)} objects dead-lettered, e.g. {p.errors[0]}")
         return p, max(p.done.values()) - min(p.sent.values())
+
+    def _unfinished(self, p: _Pass, limit_s: float) -> str:
+        """What a pass that ran out of time was missing: which partitions, since when."""
+        missing = [k for k in p.sent if k not in p.done]
+        partitions = Counter(p.partition_of[k] for k in missing)
+        last = f"{max(p.done.values()) - min(p.sent.values()):.1f} s" if p.done else "never"
+        return (
+            f"{len(p.done)} of {p.expected} results arrived within {limit_s:.0f} s (the last "
+            f"one after {last}); {len(missing)} missing, by source partition "
+            f"{dict(sorted(partitions.items()))}:\n{self.log_tail()}"
+        )
 
     async def _passes(
         self,

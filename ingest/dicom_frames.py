@@ -32,9 +32,9 @@ _UNDEFINED = 0xFFFFFFFF
 _LONG_VRS = frozenset(
     (b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV")
 )
-_SHORT_VRS = frozenset(
-    bytes((a, b)) for a in range(ord("A"), ord("Z") + 1) for b in range(ord("A"), ord("Z") + 1)
-) - _LONG_VRS  # any other two capitals: a 2-byte length (pydicom decides whether it is known)
+_CAPITALS = range(ord("A"), ord("Z") + 1)
+# Any other two capitals: a 2-byte length (pydicom decides whether the VR is known).
+_SHORT_VRS = frozenset(bytes((a, b)) for a in _CAPITALS for b in _CAPITALS) - _LONG_VRS
 _TAG = struct.Struct("<HH")
 _EXPLICIT = struct.Struct("<HH2sH")  # tag, VR, 2-byte length (or reserved before a long one)
 _U32 = struct.Struct("<I")
