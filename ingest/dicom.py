@@ -83,9 +83,14 @@ class DicomHeader:
     rescale: bool  # False: pydicom's Modality LUT leaves stored values as they are
     pixel_offset: int  # byte offset of the Pixel Data value within the object
     pixel_length: int  # == pixel.total_bytes; the element may hold more (a pad byte)
+    # parse_header(per_frame=False) left the per-frame functional groups unread: the
+    # rescale fields above are empty until the header is parsed again in full
+    per_frame_pending: bool = False
 
     def transform(self, window: tuple[float, float] | None, out_dtype: OutDtype) -> Transform:
         """The preprocessing of this object's samples, with the worker's window and dtype."""
+        if self.per_frame_pending:
+            raise RuntimeError("the per-frame rescale values were not read: parse in full")
         return Transform(
             self.transform_slopes, self.transform_intercepts, self.rescale, window, out_dtype
         )
@@ -135,11 +140,15 @@ def parse_header(
     *,
     max_header_bytes: int = 16 * _MIB,
     max_pixel_bytes: int = 64 * 1024 * _MIB,
+    per_frame: bool = True,
 ) -> DicomHeader | NeedMoreBytes:
     """Parse the header in ``prefix`` (the object's first bytes) and locate its Pixel Data.
 
     Returns :class:`NeedMoreBytes` when ``prefix`` is shorter than the object
-    and ends before the Pixel Data element header.
+    and ends before the Pixel Data element header. With ``per_frame=False`` a
+    Per-Frame Functional Groups Sequence is left unread (``per_frame_pending``):
+    the layout is known in a fraction of the time (2,048 frames: ~0.5 against
+    ~12 ms), and the same prefix parsed again in full gives the rescale values.
 
     Raises:
         NotDicom: the bytes are not DICOM (or, without 'DICM', not a DICOM image).
@@ -159,7 +168,7 @@ def parse_header(
         warnings.simplefilter("ignore")
         _quiet.on = True
         try:
-            return _parse(data, object_size, has_dicm, max_pixel_bytes, step)
+            return _parse(data, object_size, has_dicm, max_pixel_bytes, per_frame, step)
         except _Short as short:
             if len(data) >= max_header_bytes:
                 raise LimitExceeded(f"DICOM header larger than {max_header_bytes} bytes") from None
@@ -181,7 +190,12 @@ def parse_header(
 
 
 def _parse(
-    data: bytes, object_size: int, has_dicm: bool, max_pixel_bytes: int, step: _Step
+    data: bytes,
+    object_size: int,
+    has_dicm: bool,
+    max_pixel_bytes: int,
+    per_frame: bool,
+    step: _Step,
 ) -> DicomHeader:
     complete = len(data) == object_size
     if not has_dicm:
@@ -236,7 +250,8 @@ def _parse(
         raise MalformedDicom("Pixel Data holds more frames than Number of Frames says")
 
     step.now = "reading the Modality LUT"
-    slopes, intercepts, rescale = _modality_rescale(ds, pixel.frames)
+    rescaled = _modality_rescale(ds, pixel.frames, per_frame)
+    slopes, intercepts, rescale = rescaled or ((), (), False)
     step.now = "reading the UIDs"
     return DicomHeader(
         transfer_syntax_uid=syntax or (IMPLICIT_VR_LE if implicit else EXPLICIT_VR_LE),
@@ -251,6 +266,7 @@ def _parse(
         rescale=rescale,
         pixel_offset=offset,
         pixel_length=expected,
+        per_frame_pending=rescaled is None,
     )
 
 
@@ -385,15 +401,18 @@ def _pixel_format(ds: Dataset, has_dicm: bool) -> tuple[PixelFormat, str]:
 
 
 def _modality_rescale(
-    ds: Dataset, frames: int
-) -> tuple[tuple[float, ...], tuple[float, ...], bool]:
-    """(slopes, intercepts, rescale): per frame from functional groups, else pydicom's rule.
+    ds: Dataset, frames: int, per_frame: bool
+) -> tuple[tuple[float, ...], tuple[float, ...], bool] | None:
+    """(slopes, intercepts, rescale): per frame from functional groups, else pydicom's rule;
+    None when ``per_frame`` is False and there are per-frame groups to read.
 
     A frame's own Pixel Value Transformation wins over the shared one; without
     functional groups, Rescale Slope and Intercept apply when both are present.
     """
     if ds.get("ModalityLUTSequence"):
         raise UnsupportedDicom("Modality LUT Sequence is not supported")
+    if not per_frame and _PER_FRAME_GROUPS in ds:
+        return None
     shared_groups = ds.get("SharedFunctionalGroupsSequence")
     shared = _transformation(shared_groups[0]) if shared_groups else None
     own = _own_rescales(ds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import threading
 import warnings
@@ -186,6 +187,33 @@ def test_prefixes_ask_for_more_then_succeed(name: str, make: Callable[[], bytes]
         have = got.at_least
         got = parse_header(memoryview(data)[:have], size)
     assert got == full
+
+
+@pytest.mark.parametrize(("name", "make"), CASES, ids=[c[0] for c in CASES])
+def test_layout_first_then_in_full(name: str, make: Callable[[], bytes] | None) -> None:
+    """``per_frame=False`` (a large object's first parse in the worker) gives the full
+    header but for per-frame rescale values, which wait for the parse in full."""
+    data = load(name, make)
+    full = parse(data)
+    layout = parse(data, per_frame=False)
+    has_groups = "PerFrameFunctionalGroupsSequence" in dcmread(
+        BytesIO(data), stop_before_pixels=True, force=True
+    )
+    assert layout.per_frame_pending is has_groups
+    if not has_groups:
+        assert layout == full
+        return
+    assert (layout.transform_slopes, layout.transform_intercepts) == ((), ())
+    with pytest.raises(RuntimeError, match="parse in full"):
+        layout.transform(None, "float32")
+    completed = dataclasses.replace(
+        layout,
+        transform_slopes=full.transform_slopes,
+        transform_intercepts=full.transform_intercepts,
+        rescale=full.rescale,
+        per_frame_pending=False,
+    )
+    assert completed == full
 
 
 def test_header_limit() -> None:
@@ -429,6 +457,17 @@ def test_mutations_raise_only_our_errors(case: tuple[bytes, int]) -> None:
         result = parse_header(data[:cut], len(data))
     except ALLOWED as exc:
         result = exc
+    layout: DicomHeader | NeedMoreBytes | Exception
+    try:
+        layout = parse_header(data[:cut], len(data), per_frame=False)
+    except ALLOWED as exc:
+        layout = exc
+    if isinstance(result, DicomHeader):  # the layout alone never fails where the whole passes
+        assert isinstance(layout, DicomHeader)
+        where = (layout.pixel, layout.pixel_offset, layout.pixel_length)
+        assert where == (result.pixel, result.pixel_offset, result.pixel_length)
+    elif isinstance(result, NeedMoreBytes):
+        assert layout == result
     if isinstance(result, Exception):
         assert not any(text in str(result) for text in PATIENT_TEXT), str(result)
     elif isinstance(result, NeedMoreBytes):
