@@ -375,7 +375,8 @@ async def run_bench(
                 report["sweeps"] = await _sweeps(
                     config, target, bootstrap, token, workloads["large"], warm, pids, steps
                 )
-            report["h2d_reference"] = _h2d_reference(config, gpu is not None)
+            ours_part = _settings(config, target, bootstrap, token, "h2d", "ours-hook").part_size
+            report["h2d_reference"] = _h2d_reference(config, gpu is not None, ours_part)
     report["finished"] = datetime.now(UTC).isoformat()
     report["ratios"] = ratios(report)
     report["scaling"] = scaling(report)
@@ -421,12 +422,13 @@ async def _sweeps(
     return out
 
 
-def _h2d_reference(config: BenchConfig, has_gpu: bool) -> dict[str, Any]:
+def _h2d_reference(config: BenchConfig, has_gpu: bool, ours_part: int) -> dict[str, Any]:
+    """Plain pinned copies of the size of ours' chunks (its part size) and of one CT slice."""
     if not has_gpu or config.device == "cpu":
         return {"status": "skipped", "note": "GPU only: no CUDA device"}
     return {
         "status": "ok",
-        "part": bench_gpu.pinned_copy_rate(config.part_mb * MiB),
+        "part": bench_gpu.pinned_copy_rate(ours_part),
         "ct_slice": bench_gpu.pinned_copy_rate(512 * 512 * 2),
     }
 

@@ -53,16 +53,18 @@ MAX_VERSION_RETRIES = 3
 # yet taken). When the results stay on the GPU (a hook, no sink), 8 chunks of 16 MiB kept
 # the H200 busy (``python -m tests.trace_large``). When they come back to host memory
 # (the sink, or the CPU twin) they wait there for the writer or the hook, so the window
-# is small to keep RSS within its target.
+# is small to keep RSS within its target: one 32 MiB chunk (two put the sink-mode worker
+# process at ring + 418 MB on the CPU machine, one at ring + 252-284 MB).
 DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
 HOST_WINDOW_BYTES = 32 * 1024 * 1024
 
 
 def device_window(settings: Settings, backend: str) -> int:
-    """Chunks of one large object in flight on the device."""
-    on_device = settings.sink == "none" and backend == "cuda"
-    budget = DEVICE_WINDOW_BYTES if on_device else HOST_WINDOW_BYTES
-    return max(2, budget // settings.part_size)
+    """Chunks of one large object in flight on the device (two at least while the results
+    stay there, so one chunk's copy overlaps the previous one's kernel)."""
+    if settings.sink == "none" and backend == "cuda":
+        return max(2, DEVICE_WINDOW_BYTES // settings.part_size)
+    return max(1, HOST_WINDOW_BYTES // settings.part_size)
 
 
 @dataclass(slots=True)

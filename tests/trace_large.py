@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import itertools
 import os
 import pstats
@@ -45,6 +46,7 @@ from gpu.jobs import ChunkJob, ChunkResult, consume
 from gpu.thread import DeviceThread
 from ingest import device, fetch, pipeline
 from ingest.samples import synthetic_multiframe
+from ingest.settings import Settings
 from ingest.stack import Stack, embedded_stack
 from tests import harness
 
@@ -53,6 +55,12 @@ EVENTS: list[Event] = []
 DEVICE_TIMES: list[tuple[float, float]] = []  # CUDA-event h2d and kernel seconds per chunk
 RUNNER_STATS: dict[str, int | float] = {}
 PROFILES: dict[str, cProfile.Profile] = {}  # --profile: the device thread's, the loop's
+# The worker's own defaults (the test harness shrinks parts and the ring).
+PRODUCT_TUNING = {
+    name: str(field.default)
+    for field in dataclasses.fields(Settings)
+    if (name := field.name) in ("part_size", "ring_slots", "fetch_concurrency")
+}
 
 
 def instrument() -> None:
@@ -219,9 +227,8 @@ async def trace(stack: Stack, frames: int, backend: str, variants: list[str], ar
         await harness.upload(stack, names.source_bucket, [("warm.dcm", data), ("big.dcm", data)])
         settings = harness.make_settings(
             stack, names, **{
-                "device": backend, "part_size": str(16 << 20), "ring_slots": "32",
-                "sink": "none", "hook": "ingest.bench_ours:bench_hook", "source_hash": "none",
-                "fetch_concurrency": "16", **overrides,
+                "device": backend, "sink": "none", "hook": "ingest.bench_ours:bench_hook",
+                "source_hash": "none", **PRODUCT_TUNING, **overrides,
             }
         )  # fmt: skip
         for key in ("warm.dcm", "big.dcm"):
