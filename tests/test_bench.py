@@ -25,6 +25,7 @@ from ingest.bench_gpu import kvikio_missing
 from ingest.bench_measure import TreeMeter, percentile, process_tree
 from ingest.bench_readers import plan_ranges
 from ingest.bench_report import scaling, targets
+from ingest.bench_scaled import GapWatch
 from ingest.bench_workloads import BenchObject, Workload
 from ingest.cli import main
 from ingest.settings import Settings
@@ -125,6 +126,7 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
         assert entry["latency_burst"]["count"] == 4
         assert entry["latency_paced"]["count"] == 4
         assert entry["latency_burst"]["p50_ms"] > 0
+        assert entry["result_gaps"]["given_up"] == 0
     assert {(r["label"], r["over_p1"]) for r in on_disk["scaling"]} == {
         ("ours-hook-p2", None), ("ours-p2", None),  # no p1 in this run: no ratio
     }  # fmt: skip
@@ -132,6 +134,20 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
     assert len(best) == 1
     assert best[0]["value"] > 0
     assert "scaled: N worker processes" in output.getvalue()
+
+
+def test_gap_watch_seeks_back_over_skipped_offsets() -> None:
+    watch = GapWatch(patience=2)
+    watch.expected = {"p0": 0, "p1": 0}
+    assert [watch.check("p0", n) for n in (0, 1)] == [None, None]
+    assert watch.check("p0", 3) == 2  # 2 was skipped: seek back to it
+    assert watch.check("p0", 3) == 2  # still not visible: again
+    assert [watch.check("p0", n) for n in (2, 3, 4)] == [None, None, None]  # it came
+    assert watch.check("p1", 1) == 0  # the very first record of a partition
+    assert watch.check("p1", 1) == 0
+    assert watch.check("p1", 1) is None  # patience spent: the gap is accepted
+    assert watch.check("p1", 2) is None
+    assert (watch.refetched, watch.given_up) == (4, 1)
 
 
 def _scaled_entry(objects_per_s: float, gpus: str | None) -> dict[str, Any]:
