@@ -14,7 +14,7 @@ true size and ETag. Then one of two paths:
   the Pixel Data chunks are read concurrently into slots (started up to
   twice ``fetch_concurrency`` ahead, ``fetch_concurrency`` at once across
   all objects); each goes
-  to the device as soon as it is read (``device_window`` chunks in flight),
+  to the device as soon as it is read (``device_plan`` says how many in flight),
   is hashed in order meanwhile, and its result is streamed to the output
   writer in order. Bytes after the Pixel Data are read only for the hash.
 
@@ -49,22 +49,32 @@ from ingest.sink import ArrayWriter, DiscardWriter, OutputSink, output_keys
 from ingest.source_digest import SourceDigest
 
 MAX_VERSION_RETRIES = 3
-# Source bytes of one large object in flight to the device (chunks submitted, results not
-# yet taken). When the results stay on the GPU (a hook, no sink), 8 chunks of 16 MiB kept
+# How a large object's Pixel Data goes to the device: chunks of how many source bytes,
+# and how many of them in flight (submitted, results not yet taken). When the results
+# stay on the GPU (a hook, no sink) a chunk is a whole part, and 128 MiB in flight kept
 # the H200 busy (``python -m tests.trace_large``). When they come back to host memory
-# (the sink, or the CPU twin) they wait there for the writer or the hook, so the window
-# is small to keep RSS within its target: one 32 MiB chunk (two put the sink-mode worker
-# process at ring + 418 MB on the CPU machine, one at ring + 252-284 MB).
+# (the sink, or the CPU twin) each chunk's float32 result (twice its int16 source) waits
+# there for the writer or the hook, so chunks are at most 16 MiB, two in flight: on the
+# CPU machine, 32 MiB chunks put the sink-mode worker process at ring + 418 MB (two in
+# flight) or + 320 MB (one), against + 253 MB so.
 DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
+HOST_CHUNK_BYTES = 16 * 1024 * 1024
 HOST_WINDOW_BYTES = 32 * 1024 * 1024
 
 
-def device_window(settings: Settings, backend: str) -> int:
-    """Chunks of one large object in flight on the device (two at least while the results
-    stay there, so one chunk's copy overlaps the previous one's kernel)."""
+@dataclass(frozen=True, slots=True)
+class DevicePlan:
+    chunk_bytes: int  # source bytes per chunk: one range, one slot, one device job
+    window: int  # chunks of one object in flight on the device
+
+
+def device_plan(settings: Settings, backend: str) -> DevicePlan:
+    """Chunk size and window for this backend and sink (two chunks at least while the
+    results stay on the GPU, so one chunk's copy overlaps the previous one's kernel)."""
     if settings.sink == "none" and backend == "cuda":
-        return max(2, DEVICE_WINDOW_BYTES // settings.part_size)
-    return max(1, HOST_WINDOW_BYTES // settings.part_size)
+        return DevicePlan(settings.part_size, max(2, DEVICE_WINDOW_BYTES // settings.part_size))
+    chunk = min(settings.part_size, HOST_CHUNK_BYTES)
+    return DevicePlan(chunk, max(1, HOST_WINDOW_BYTES // chunk))
 
 
 @dataclass(slots=True)
@@ -308,7 +318,8 @@ async def _large(
     no longer delay the first range).
     """
     timings = Timings()
-    chunks = chunk_pixels(layout.pixel_offset, layout.pixel, ctx.settings.part_size)
+    plan = device_plan(ctx.settings, ctx.device.backend)
+    chunks = chunk_pixels(layout.pixel_offset, layout.pixel, plan.chunk_bytes)
     target = obj.target
     pixel_end = layout.pixel_offset + layout.pixel_length
     trailer = split_range(pixel_end, obj.head.size, ctx.settings.part_size)
@@ -343,7 +354,7 @@ async def _pipelined_chunks(
     chunks: list[PixelChunk],
     reads: _InOrder,
 ) -> None:
-    """Each chunk goes to the device as soon as it is read, up to ``device_window`` chunks
+    """Each chunk goes to the device as soon as it is read, up to ``device_plan``'s window
     of this object in flight, so copies and kernels of one object overlap (one chunk at a
     time left the device idle between round trips). The hash takes the chunks in order
     while the device works, and results are written in order.
@@ -353,7 +364,7 @@ async def _pipelined_chunks(
     hasher has finished reading it by then).
     """
     in_flight: deque[asyncio.Future[ChunkResult]] = deque()
-    window = device_window(ctx.settings, ctx.device.backend)
+    window = device_plan(ctx.settings, ctx.device.backend).window
     try:
         index = 0
         async for slot, view in reads:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 
 import pytest
@@ -10,7 +11,9 @@ from hypothesis import strategies as st
 
 from gpu.formats import PixelFormat
 from ingest.errors import LimitExceeded
+from ingest.pipeline import DevicePlan, device_plan
 from ingest.planning import ByteRange, chunk_pixels, first_read, split_range
+from ingest.settings import load_settings
 from ingest.sink import MAX_PARTS, MIN_PART, output_part_size
 
 MiB = 1024 * 1024
@@ -76,3 +79,27 @@ def test_output_parts_are_8_mib_until_s3s_part_limit_needs_more() -> None:
         part = output_part_size(total)
         assert part % mib == 0
         assert -(-total // part) <= MAX_PARTS
+
+
+@pytest.mark.parametrize(
+    ("part_mib", "sink", "backend", "chunk_mib", "window"),
+    [
+        (32, "none", "cuda", 32, 4),  # results stay on the GPU: whole parts, 128 MiB
+        (8, "none", "cuda", 8, 16),
+        (256, "none", "cuda", 256, 2),  # two at least, so copies overlap kernels
+        (32, "s3", "cuda", 16, 2),  # results come back to host memory: 16 MiB chunks
+        (32, "none", "cpu", 16, 2),
+        (8, "s3", "cpu", 8, 4),
+    ],
+)
+def test_device_plan(part_mib: int, sink: str, backend: str, chunk_mib: int, window: int) -> None:
+    settings = load_settings(
+        {
+            "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+            "DICOM_INGEST_OUTPUT_URL": "s3://out/",
+            "DICOM_INGEST_AUDIT_KEY": base64.b64encode(bytes(32)).decode(),
+            "DICOM_INGEST_PART_SIZE": str(part_mib * MiB),
+            "DICOM_INGEST_SINK": sink,
+        }
+    )
+    assert device_plan(settings, backend) == DevicePlan(chunk_mib * MiB, window)

@@ -242,7 +242,7 @@ async def trace(stack: Stack, frames: int, backend: str, variants: list[str], ar
                 loop_profile.enable()
             await harness.run_worker(settings, stop_after=1)
             loop_profile.disable()
-            window = pipeline.device_window(settings, backend)
+            window = pipeline.device_plan(settings, backend).window
             report(f"{key} [{variant or 'defaults'}; {window} chunks on the device]", len(data))
             if args.profile and key == "big.dcm":
                 print_profiles(args.callers_of)
