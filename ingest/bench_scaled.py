@@ -75,7 +75,7 @@ class GapWatch:
     The offsets of a topic without transactions or compaction are contiguous, so
     a record past the next expected offset means one was skipped: Tansu, with
     several producers on one partition, lets a later batch be read before an
-    earlier one is visible (docs/benchmarks.md, "Lost result records"; the
+    earlier one is visible (docs/benchmarks.md, "Skipped result records"; the
     skipped records are in the topic when it is read again). ``check`` answers
     where to seek back to; a gap still there after ``patience`` seeks is
     accepted and counted in ``given_up``.
@@ -192,8 +192,8 @@ class ScaledRunner:
         """
         s = self.settings
         # The results and dead-letter topics get as many partitions as the source: with
-        # N producers on one partition, Tansu's live fetch skipped acknowledged records
-        # (see _unfinished); spread out, two workers rarely write one partition at once.
+        # several producers on one partition Tansu's live fetch skips acknowledged records
+        # (GapWatch); spread out, fewer workers write one partition at once.
         await anyio.to_thread.run_sync(
             create_topics, s.kafka_bootstrap, [s.source_topic, s.results_topic, s.dlq_topic],
             self.partitions,

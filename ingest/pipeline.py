@@ -56,7 +56,7 @@ MAX_VERSION_RETRIES = 3
 # (the sink, or the CPU twin) each chunk's float32 result (twice its int16 source) waits
 # there for the writer or the hook, so chunks are at most 16 MiB, two in flight: on the
 # CPU machine, 32 MiB chunks put the sink-mode worker process at ring + 418 MB (two in
-# flight) or + 320 MB (one), against + 253 MB so.
+# flight) or + 320 MB (one); 16 MiB chunks keep it within ring + 300 MB.
 DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
 HOST_CHUNK_BYTES = 16 * 1024 * 1024
 HOST_WINDOW_BYTES = 32 * 1024 * 1024

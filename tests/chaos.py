@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import numpy as np
@@ -206,7 +206,7 @@ class WorkerProcess:
         self._log_offset = 0
         self._partial = b""
 
-    def start(self) -> WorkerProcess:
+    def start(self) -> Self:
         with self.log_path.open("ab") as out:
             self._log_offset = out.tell()
             self.started_at = time.monotonic()
@@ -220,7 +220,7 @@ class WorkerProcess:
         LIVE.add(self)
         return self
 
-    def __enter__(self) -> WorkerProcess:
+    def __enter__(self) -> Self:
         return self.start() if self._popen is None else self
 
     def __exit__(self, *exc: object) -> None:
@@ -303,7 +303,7 @@ class WorkerProcess:
         return None
 
     async def wait_until(
-        self, done: Callable[[WorkerProcess], bool], within_s: float = 30.0
+        self, done: Callable[[Self], bool], within_s: float = 30.0
     ) -> float | None:
         """Seconds from start until ``done(self)`` held (checked as the log grows)."""
         deadline = time.monotonic() + within_s

@@ -315,7 +315,7 @@ class SupervisorProcess(WorkerProcess):
         return found
 
     def processed_by(self) -> Counter[str]:
-        return Counter(f.get("worker") for f in self.lines() if f.get("event") == "processed")
+        return Counter(str(f.get("worker")) for f in self.lines() if f.get("event") == "processed")
 
     def children_started(self) -> list[dict[str, Any]]:
         return [f for _, f in self.events if f["event"] == "child started"]
