@@ -7,16 +7,17 @@ on the first byte of the top-level (7FE0,0010) tag (its reader seeks back over
 the tag/VR/length it has just read before it stops), and the 8-byte implicit or
 12-byte explicit OB/OW element header is read here. Only native little-endian
 Pixel Data is handled; other transfer syntaxes are refused from the file meta
-alone, so a Deflated object is never inflated here. ``parse_header`` is the one
-place where foreign exceptions become ``ingest.errors``; messages carry element
-names and numbers, never values that could be patient data.
+alone, so a Deflated object is never inflated here. The Modality LUT (rescale
+values, per frame where the file has them) is ``dicom_rescale``'s.
+``parse_header`` is the one place where foreign exceptions become
+``ingest.errors``; messages carry element names and numbers, never values that
+could be patient data.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import math
 import re
 import struct
 import threading
@@ -30,7 +31,7 @@ from pydicom.filereader import dcmread, read_dataset
 from pydicom.uid import UID
 
 from gpu.formats import OutDtype, PixelFormat, Transform
-from ingest.dicom_frames import per_frame_rescale
+from ingest.dicom_rescale import modality_rescale
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
 
 IMPLICIT_VR_LE: Final = "1.2.840.10008.1.2"
@@ -43,7 +44,6 @@ _PIXEL_TAG: Final = b"\xe0\x7f\x10\x00"
 _FLOAT_TAGS: Final = {b"\xe0\x7f\x08\x00": "Float", b"\xe0\x7f\x09\x00": "Double Float"}
 _UNDEFINED_LENGTH: Final = 0xFFFFFFFF
 _ROWS_TAG: Final = 0x00280010
-_PER_FRAME_GROUPS: Final = 0x52009230
 _IMAGE_KEYWORDS: Final = "SamplesPerPixel Rows Columns BitsAllocated BitsStored PixelRepresentation"
 _UID_RE: Final = re.compile(r"[0-9.]{1,64}")
 _OTHER_PHOTOMETRIC: Final = frozenset(
@@ -250,7 +250,7 @@ def _parse(
         raise MalformedDicom("Pixel Data holds more frames than Number of Frames says")
 
     step.now = "reading the Modality LUT"
-    rescaled = _modality_rescale(ds, pixel.frames, per_frame)
+    rescaled = modality_rescale(ds, pixel.frames, per_frame)
     slopes, intercepts, rescale = rescaled or ((), (), False)
     step.now = "reading the UIDs"
     return DicomHeader(
@@ -398,81 +398,6 @@ def _pixel_format(ds: Dataset, has_dicm: bool) -> tuple[PixelFormat, str]:
     signed, is_planar = representation == 1, planar == 1
     pixel = PixelFormat(rows, columns, frames, samples, allocated, stored, signed, is_planar)
     return pixel, photometric
-
-
-def _modality_rescale(
-    ds: Dataset, frames: int, per_frame: bool
-) -> tuple[tuple[float, ...], tuple[float, ...], bool] | None:
-    """(slopes, intercepts, rescale): per frame from functional groups, else pydicom's rule;
-    None when ``per_frame`` is False and there are per-frame groups to read.
-
-    A frame's own Pixel Value Transformation wins over the shared one; without
-    functional groups, Rescale Slope and Intercept apply when both are present.
-    """
-    if ds.get("ModalityLUTSequence"):
-        raise UnsupportedDicom("Modality LUT Sequence is not supported")
-    if not per_frame and _PER_FRAME_GROUPS in ds:
-        return None
-    shared_groups = ds.get("SharedFunctionalGroupsSequence")
-    shared = _transformation(shared_groups[0]) if shared_groups else None
-    own = _own_rescales(ds)
-    if any(item is not None for item in own):
-        if len(own) != frames:
-            raise MalformedDicom(f"{len(own)} per-frame functional groups for {frames} frames")
-        pairs = []
-        for index, item in enumerate(own):
-            chosen = item if item is not None else shared
-            if chosen is None:
-                raise MalformedDicom(f"frame {index} has no Pixel Value Transformation")
-            pairs.append(_slope_intercept(chosen) if isinstance(chosen, Dataset) else chosen)
-        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), True
-    if shared is not None:
-        slope, intercept = _slope_intercept(shared)
-        return (slope,), (intercept,), True
-    if "RescaleSlope" in ds and "RescaleIntercept" in ds:
-        slope, intercept = _slope_intercept(ds)
-        return (slope,), (intercept,), True
-    return (1.0,), (0.0,), False
-
-
-def _own_rescales(ds: Dataset) -> list[tuple[float, float] | Dataset | None]:
-    """Per frame: its own (slope, intercept), or its Pixel Value Transformation item, or None.
-
-    The raw bytes are read by ``dicom_frames`` when pydicom has not converted
-    them yet (a defined-length sequence); otherwise, or when that walker is
-    unsure, pydicom reads the items.
-    """
-    raw = ds.get_item(_PER_FRAME_GROUPS)
-    if (
-        isinstance(raw, RawDataElement)
-        and isinstance(raw.value, bytes)
-        and raw.is_little_endian
-        and raw.length != _UNDEFINED_LENGTH
-    ):
-        fast = per_frame_rescale(raw.value, raw.is_implicit_VR)
-        if fast is not None:
-            return list(fast)
-    return [_transformation(group) for group in ds.get("PerFrameFunctionalGroupsSequence") or []]
-
-
-def _transformation(group: Dataset) -> Dataset | None:
-    sequence = group.get("PixelValueTransformationSequence")
-    return sequence[0] if sequence else None
-
-
-def _slope_intercept(item: Dataset) -> tuple[float, float]:
-    return _number(item, "RescaleSlope"), _number(item, "RescaleIntercept")
-
-
-def _number(item: Dataset, keyword: str) -> float:
-    value = item.get(keyword)
-    if value is None or value == "":
-        raise MalformedDicom(f"{keyword} is missing or empty")
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise MalformedDicom(f"{keyword} is not a single number")
-    if not math.isfinite(number := float(value)):
-        raise MalformedDicom(f"{keyword} is not finite")
-    return number
 
 
 def _text(ds: Dataset, keyword: str) -> str | None:
