@@ -9,17 +9,14 @@ true size and ETag. Then one of two paths:
 * small (the first GET held it all): header parse and SHA-256 run together
   in a worker thread; the Pixel Data is handed to the device straight from
   the slot.
-* large: the header is parsed from the probe (grown while the parser asks
-  for more), then
-  the Pixel Data chunks are read concurrently into slots (started up to
-  twice ``fetch_concurrency`` ahead, ``fetch_concurrency`` at once across
-  all objects); each goes
-  to the device as soon as it is read (``device_plan`` says how many in flight),
-  is hashed in order meanwhile, and its result is streamed to the output
-  writer in order. Bytes after the Pixel Data are read only for the hash.
-
-Slots are acquired in chunk order, so the earliest unfinished chunk of every
-object always holds a slot: objects cannot deadlock each other on the ring.
+* large: the header's layout is parsed from the probe (grown while the
+  parser asks for more), then the Pixel Data chunks are read concurrently
+  into slots and taken in order (``ordered_reads``: started up to twice
+  ``fetch_concurrency`` ahead, ``fetch_concurrency`` at once across all
+  objects), while per-frame rescale values are parsed; each chunk goes to the
+  device as soon as it is read (``device_plan`` says how many in flight), is
+  hashed in order meanwhile, and its result is streamed to the output writer
+  in order. Bytes after the Pixel Data are read only for the hash.
 """
 
 from __future__ import annotations
@@ -28,12 +25,10 @@ import asyncio
 import functools
 import time
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from gpu.thread import ChunkJob, ChunkResult
 from ingest.device import DeviceStage
@@ -42,6 +37,7 @@ from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, ObjectChanged
 from ingest.fetch import ObjectHead, Presigned, S3Source
 from ingest.hooks import Hook, HookChunk
 from ingest.notifications import ObjectRef
+from ingest.ordered_reads import InOrder, ordered_reads
 from ingest.planning import ByteRange, PixelChunk, chunk_pixels, first_read, split_range
 from ingest.ring import PinnedRing, Slot
 from ingest.settings import Settings
@@ -352,7 +348,7 @@ async def _pipelined_chunks(
     hasher: SourceDigest,
     out: ArrayWriter | DiscardWriter,
     chunks: list[PixelChunk],
-    reads: _InOrder,
+    reads: InOrder,
 ) -> None:
     """Each chunk goes to the device as soon as it is read, up to ``device_plan``'s window
     of this object in flight, so copies and kernels of one object overlap (one chunk at a
@@ -385,86 +381,15 @@ async def _pipelined_chunks(
             future.cancel()
 
 
-@dataclass(slots=True)
-class _PendingRead:
-    slot: Slot
-    range: ByteRange
-    done: anyio.Event = field(default_factory=anyio.Event)
-    error: Exception | None = None
-    taken: bool = False
-
-    async def fill(self, ctx: Context, obj: Located) -> None:
-        try:
-            async with ctx.fetch_limit:
-                await ctx.source.read_into(obj.where, obj.head, self.range, self.slot.view)
-        except Exception as exc:  # handed to the consumer, in order, not to the task group
-            self.error = exc
-        finally:
-            self.done.set()
-
-
-class _InOrder:
-    """Async iterator over finished reads, in order; raises a read's error when reached."""
-
-    def __init__(self, receive: MemoryObjectReceiveStream[_PendingRead]) -> None:
-        self._receive = receive
-
-    def __aiter__(self) -> _InOrder:
-        return self
-
-    async def __anext__(self) -> tuple[Slot, memoryview]:
-        try:
-            read = await self._receive.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-        await read.done.wait()
-        if read.error is not None:
-            raise read.error
-        read.taken = True
-        return read.slot, read.slot.view[: read.range.length]
-
-
-@asynccontextmanager
-async def _ordered_reads(
+def _ordered_reads(
     ctx: Context, obj: Located, ranges: list[ByteRange]
-) -> AsyncIterator[_InOrder]:
-    """Read ``ranges`` concurrently into slots; yield ``(slot, view)`` in range order.
+) -> AbstractAsyncContextManager[InOrder]:
+    """``ordered_reads`` of this object's ``ranges``, at most ``fetch_concurrency`` at once
+    across all objects, started up to twice that ahead (three quarters of the ring at most)."""
 
-    Each yielded slot belongs to the consumer, who must ``release`` it. Slots
-    of reads never handed out (an error, a cancellation) are released here.
+    async def read(byte_range: ByteRange, into: memoryview) -> None:
+        async with ctx.fetch_limit:
+            await ctx.source.read_into(obj.where, obj.head, byte_range, into)
 
-    Reads are started up to ``window`` ranges ahead of the consumer, twice the
-    ``fetch_concurrency`` that may run at once, so one slow range at the head
-    does not idle the others (``python -m tests.trace_large``: 12.4 -> 14.7
-    ranges in flight on average with a zero-cost device on the CPU machine).
-    """
-    window = max(1, min(2 * ctx.settings.fetch_concurrency, ctx.ring.stats().slots * 3 // 4))
-    send, receive = anyio.create_memory_object_stream[_PendingRead](window - 1)
-    reads: list[_PendingRead] = []
-
-    async def start_reads() -> None:
-        async with send:
-            for byte_range in ranges:
-                read = _PendingRead(await ctx.ring.acquire(), byte_range)
-                reads.append(read)
-                group.start_soon(read.fill, ctx, obj)
-                await send.send(read)
-
-    failure: Exception | None = None
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(start_reads)
-            try:
-                yield _InOrder(receive)
-            except Exception as exc:  # the consumer's error leaves as it is, not grouped
-                failure = exc
-            finally:
-                group.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-    finally:
-        send.close()
-        receive.close()
-        for read in reads:
-            if not read.taken:
-                read.slot.release()
+    ahead = max(1, min(2 * ctx.settings.fetch_concurrency, ctx.ring.stats().slots * 3 // 4))
+    return ordered_reads(ctx.ring, ranges, read, ahead)

@@ -44,7 +44,7 @@ import anyio
 from gpu import jobs
 from gpu.jobs import ChunkJob, ChunkResult, consume
 from gpu.thread import DeviceThread
-from ingest import device, fetch, pipeline
+from ingest import device, fetch, ordered_reads, pipeline
 from ingest.samples import synthetic_multiframe
 from ingest.settings import Settings
 from ingest.stack import Stack, embedded_stack
@@ -67,7 +67,7 @@ def instrument() -> None:
     read_into = fetch.S3Source.read_into
     submit = device.DeviceStage.submit
     dispatch = device.DeviceStage._dispatch
-    next_read = pipeline._InOrder.__anext__
+    next_read = ordered_reads.InOrder.__anext__
 
     async def timed_read(self: Any, where: Any, head: Any, rng: Any, into: Any) -> None:
         t0 = time.perf_counter()
@@ -125,7 +125,7 @@ def instrument() -> None:
     fetch.S3Source.read_into = timed_read  # type: ignore[method-assign,assignment]
     device.DeviceStage.submit = timed_submit  # type: ignore[method-assign]
     device.DeviceStage._dispatch = timed_dispatch  # type: ignore[method-assign]
-    pipeline._InOrder.__anext__ = timed_next  # type: ignore[method-assign]
+    ordered_reads.InOrder.__anext__ = timed_next  # type: ignore[method-assign]
 
 
 def profile_device_thread() -> None:
