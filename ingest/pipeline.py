@@ -310,7 +310,7 @@ async def _large(
     """Read the Pixel Data in chunks (and the trailer, for the hash) after the header.
 
     The reads start from the header's layout; per-frame rescale values, when the
-    object has them, are parsed from ``prefix`` meanwhile (2,048 frames: ~12 ms that
+    object has them, are parsed from ``prefix`` meanwhile (2,048 frames: ~13 ms that
     no longer delay the first range).
     """
     timings = Timings()
