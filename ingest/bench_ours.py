@@ -189,7 +189,8 @@ class OursRunner:
         return {
             "device": dict(ctx.device.thread.stats()),
             "ring": {"slots": ring.slots, "slot_size": ring.slot_size, "waits": ring.waits,
-                     "acquired": ring.acquired, "pinned": ring.pinned},
+                     "acquired": ring.acquired, "small_acquired": ring.small_acquired,
+                     "pinned": ring.pinned},
             "batches": ctx.device.batches,
             "jobs": ctx.device.jobs,
         }  # fmt: skip

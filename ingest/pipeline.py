@@ -150,7 +150,7 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     expected = ref.size if ref.size else ctx.settings.part_size  # a hint; the answer decides
     first = first_read(expected, ctx.settings.part_size)
     npy_key, json_key = output_keys(ctx.settings, ref.bucket, ref.key)
-    slot = await ctx.ring.acquire()
+    slot = await ctx.ring.acquire(first.length)  # a small slot when it fits one
     try:
         async with ctx.fetch_limit:
             head, filled = await ctx.source.read_first(where, slot.view[: first.length])

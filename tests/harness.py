@@ -17,6 +17,7 @@ from aiobotocore.session import get_session
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from ingest.kafka import read_topic
+from ingest.ring import RingStats
 from ingest.settings import Settings, load_settings
 from ingest.stack import Stack, create_topics
 from ingest.worker import Outcome, Worker
@@ -137,14 +138,18 @@ def load_npy(data: bytes) -> np.ndarray:
     return array
 
 
-def aws_notification(bucket: str, keys: Iterable[str]) -> bytes:
+def aws_notification(bucket: str, keys: Iterable[str], sizes: Mapping[str, int] = {}) -> bytes:
+    """An S3 event with a record per key; ``size`` only for the keys in ``sizes``."""
     records = [
         {
             "eventVersion": "2.1",
             "eventSource": "aws:s3",
             "eventName": "ObjectCreated:Put",
             "eventTime": "2026-11-21T00:00:00.000Z",
-            "s3": {"bucket": {"name": bucket}, "object": {"key": quote_plus(key)}},
+            "s3": {
+                "bucket": {"name": bucket},
+                "object": {"key": quote_plus(key)} | ({"size": sizes[key]} if key in sizes else {}),
+            },
         }
         for key in keys
     ]
@@ -168,6 +173,7 @@ async def read_json_topic(stack: Stack, topic: str) -> list[dict[str, Any]]:
 @dataclass(slots=True)
 class Run:
     outcomes: list[Outcome] = field(default_factory=list)
+    ring: RingStats | None = None  # the ring's counters when the last outcome came
 
 
 async def run_worker(settings: Settings, stop_after: int, *, graceful: bool = True) -> Run:
@@ -182,6 +188,7 @@ async def run_worker(settings: Settings, stop_after: int, *, graceful: bool = Tr
     def on_outcome(outcome: Outcome) -> None:
         run.outcomes.append(outcome)
         if len(run.outcomes) >= stop_after:
+            run.ring = worker._ctx.ring.stats() if worker._ctx else None
             done.set()
 
     worker = Worker(settings, on_outcome)

@@ -54,28 +54,43 @@ def corpus() -> dict[str, bytes]:
     return objects
 
 
+# "small-slots": the notifications tell the sizes, and with 2 MiB parts in 2 slots every
+# object fits a 1 MiB small slot, at most 4 at once (backpressure: 32 objects in flight).
 @pytest.mark.parametrize(
-    ("window", "dtype"), [(None, "float32"), ((40.0, 400.0), "float16")], ids=["plain", "window"]
+    ("window", "dtype", "ring"),
+    [
+        (None, "float32", {}),
+        ((40.0, 400.0), "float16", {}),
+        (None, "float32", {"part_size": str(2 * 1024 * 1024), "ring_slots": "2"}),
+    ],
+    ids=["plain", "window", "small-slots"],
 )
 async def test_outputs_sidecars_results_audit_and_dead_letters(
-    stack: Stack, window: tuple[float, float] | None, dtype: str
+    stack: Stack, window: tuple[float, float] | None, dtype: str, ring: dict[str, str]
 ) -> None:
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     objects = corpus()
     bad_key, bad_body = not_dicom()
     await harness.upload(stack, names.source_bucket, [*objects.items(), (bad_key, bad_body)])
-    messages = [harness.aws_notification(names.source_bucket, [k]) for k in objects]
+    sizes = {k: len(v) for k, v in objects.items()} if ring else {}
+    messages = [harness.aws_notification(names.source_bucket, [k], sizes) for k in objects]
     messages.insert(2, b'{"Records": [{"eventName": 42}]}')  # malformed, mid-stream
     messages.append(harness.aws_notification(names.source_bucket, [bad_key]))
     await harness.publish(stack, names.source_topic, messages)
-    overrides = {"output_dtype": dtype, "window": f"{window[0]},{window[1]}" if window else "none"}
+    overrides = {
+        "output_dtype": dtype,
+        "window": f"{window[0]},{window[1]}" if window else "none",
+        **ring,
+    }
     settings = harness.make_settings(stack, names, **overrides)
 
     run = await harness.run_worker(settings, stop_after=len(objects) + 2)
 
     processed = {o.ref.key: o.processed for o in run.outcomes if o.ref and o.processed}
     assert sorted(processed) == sorted(objects)
+    assert run.ring is not None
+    assert (run.ring.small_acquired >= len(objects)) == bool(ring)  # 64 KiB slots: none
     results = harness.by_key(await harness.read_json_topic(stack, names.results_topic))
     assert sorted(results) == sorted(objects)
     for key, data in objects.items():
