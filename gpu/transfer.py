@@ -38,7 +38,7 @@ import numpy.typing as npt
 from gpu import kernel
 from gpu.enqueue import Enqueue
 from gpu.jobs import ChunkJob, ChunkResult, consume, host_bytes
-from gpu.memory import COUNTERS
+from gpu.memory import COUNTERS, pinned_memory
 from gpu.preprocess import ChunkPlan, plan_chunk
 
 _ALIGN = 512  # offsets of chunks inside the arenas (CuPy's own allocation granularity)
@@ -51,7 +51,7 @@ def _round(n: int) -> int:
 
 
 class _Arena:
-    """A grow-only buffer, device (``cupy.empty``) or pinned host (``alloc_pinned_memory``)."""
+    """A grow-only buffer, device (``cupy.empty``) or pinned host (``pinned_memory``)."""
 
     def __init__(self, cupy: Any, *, pinned: bool, stats: dict[str, int | float]) -> None:
         self._cupy = cupy
@@ -67,7 +67,7 @@ class _Arena:
         size = max(_MIN_ARENA, 1 << (nbytes - 1).bit_length())
         self.memory = None  # the caller synchronised the last batch: nothing uses it
         if self._pinned:
-            self.memory = self._cupy.cuda.alloc_pinned_memory(size)
+            self.memory = pinned_memory(size)
             self.ptr = int(self.memory.ptr)
             COUNTERS.add(size, pinned=True)
             self._stats["pinned_staging_allocations"] += 1

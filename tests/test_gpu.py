@@ -269,6 +269,25 @@ def test_pinned_alloc_host() -> None:
     buffer.close()
 
 
+def _locked_kib() -> int:
+    """Resident shared memory of this process (where CUDA's pinned allocations show), KiB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssShmem:"))
+
+
+def test_pinned_memory_is_the_size_asked_for_and_freed_on_close() -> None:
+    """CuPy's pinned pool would lock 128 MiB for this and keep it after the close."""
+    nbytes = 96 * 1024 * 1024
+    with DeviceThread("cuda") as device:
+        before = _locked_kib()
+        buffer = device.alloc_host(nbytes)
+        grew = _locked_kib() - before
+        buffer.close()
+        after = _locked_kib() - before
+    assert nbytes // 1024 <= grew < (nbytes + 8 * ALIGNMENT) // 1024
+    assert after < 8 * 1024
+
+
 def test_on_consumed_fires_after_the_copy() -> None:
     """Scribbling over the slot in on_consumed must not reach the result."""
     fmt = PixelFormat(4096, 4096, 2, 1, 16, 12, True, False)  # 64 MiB
