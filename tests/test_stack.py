@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from botocore.exceptions import ClientError
 
+from ingest import server_process
 from ingest import stack as stack_module
 from ingest.errors import ConfigError
 from ingest.stack import (
@@ -243,14 +244,14 @@ def test_failed_start_half_way_cleans_up(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.integration
 def test_lost_port_race_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_free_ports = stack_module._free_ports
+    real_free_ports = server_process.free_ports
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         offered = iter([[taken.getsockname()[1]]])
         monkeypatch.setattr(
             stack_module,
-            "_free_ports",
+            "free_ports",
             lambda *a, **k: next(offered, None) or real_free_ports(*a, **k),
         )
         with start_tansu() as kafka:
