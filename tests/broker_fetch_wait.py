@@ -2,13 +2,14 @@
 
 A diagnostic, not a test (pytest does not collect it)::
 
-    .venv/bin/python -m tests.broker_fetch_wait [RATE] [SECONDS] [WAIT_MS] [N ...]
+    .venv/bin/python -m tests.broker_fetch_wait [RATE] [SECONDS] [WAIT_MS] [PER] [N ...]
 
-For each N (default 1 4 8 16) it starts Tansu, creates a topic of N
-partitions, and runs N consumers (one per partition, each with its own
-connection and ``fetch_max_wait_ms=WAIT_MS``, default 50: the worker's
-default) while one producer writes RATE records a second (default 400),
-round robin over the partitions, for SECONDS (default 5). It prints the
+For each N (default 1 4 8 16) it starts Tansu, creates a topic of N x PER
+partitions (PER default 4, as the scaled bench's source topics), and runs N
+consumers (PER partitions each, each with its own connection and
+``fetch_max_wait_ms=WAIT_MS``, default 50: the worker's default) while one
+producer writes RATE records a second (default 400), round robin over the
+partitions, for SECONDS (default 5). It prints the
 records' latency from send to receipt. A broker that answers a fetch as soon
 as a record arrives shows about the same figures for every N; docs/benchmarks.md
 (round 5) quotes what Tansu does.
@@ -29,14 +30,14 @@ TOPIC = "fetch-wait"
 
 
 async def consume(
-    bootstrap: str, partition: int, wait_ms: int, latencies: list[float], stop: asyncio.Event
+    bootstrap: str, partitions: range, wait_ms: int, latencies: list[float], stop: asyncio.Event
 ) -> None:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=wait_ms
     )
     await consumer.start()
     try:
-        consumer.assign([TopicPartition(TOPIC, partition)])
+        consumer.assign([TopicPartition(TOPIC, p) for p in partitions])
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=200)
             now = time.time()
@@ -46,11 +47,16 @@ async def consume(
         await consumer.stop()
 
 
-async def one_run(bootstrap: str, n: int, rate: float, seconds: float, wait_ms: int) -> str:
+async def one_run(
+    bootstrap: str, n: int, per: int, rate: float, seconds: float, wait_ms: int
+) -> str:
     latencies: list[float] = []
     stop = asyncio.Event()
     consumers = [
-        asyncio.create_task(consume(bootstrap, p, wait_ms, latencies, stop)) for p in range(n)
+        asyncio.create_task(
+            consume(bootstrap, range(c * per, (c + 1) * per), wait_ms, latencies, stop)
+        )
+        for c in range(n)
     ]
     await asyncio.sleep(2.0)  # every consumer is polling
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
@@ -61,7 +67,7 @@ async def one_run(bootstrap: str, n: int, rate: float, seconds: float, wait_ms: 
         while (elapsed := time.monotonic() - started) < seconds:
             due = int(elapsed * rate)
             while sent < due:
-                await producer.send(TOPIC, str(time.time()).encode(), partition=sent % n)
+                await producer.send(TOPIC, str(time.time()).encode(), partition=sent % (n * per))
                 sent += 1
             await asyncio.sleep(0.001)
         await producer.flush()
@@ -85,12 +91,16 @@ def main() -> None:
     rate = float(args[0]) if args else 400.0
     seconds = float(args[1]) if len(args) > 1 else 5.0
     wait_ms = int(args[2]) if len(args) > 2 else 50
-    counts = [int(a) for a in args[3:]] or [1, 4, 8, 16]
-    print(f"{rate:.0f} records/s for {seconds:.0f} s, fetch_max_wait_ms={wait_ms}")
+    per = int(args[3]) if len(args) > 3 else 4
+    counts = [int(a) for a in args[4:]] or [1, 4, 8, 16]
+    print(
+        f"{rate:.0f} records/s for {seconds:.0f} s, fetch_max_wait_ms={wait_ms}, {per} per consumer"
+    )
     for n in counts:
         with start_tansu() as kafka:
-            create_topics(kafka.bootstrap, [TOPIC], partitions=n)
-            print(asyncio.run(one_run(kafka.bootstrap, n, rate, seconds, wait_ms)), flush=True)
+            create_topics(kafka.bootstrap, [TOPIC], partitions=n * per)
+            result = asyncio.run(one_run(kafka.bootstrap, n, per, rate, seconds, wait_ms))
+            print(result, flush=True)
 
 
 if __name__ == "__main__":
