@@ -142,6 +142,9 @@ class S3Source:
             connect_timeout=min(10.0, s.read_timeout_s),
             read_timeout=s.read_timeout_s,
             retries={"total_max_attempts": 1},
+            # Presigned URLs use SigV4: botocore presigns with SigV2 unless told, which
+            # AWS refuses for buckets created since June 2020 and in newer regions.
+            signature_version="s3v4",
             # Outputs are not hashed twice more on the way out: no SHA-256 payload
             # signature, no CRC32 checksum unless an operation requires one.
             s3={"addressing_style": "path", "payload_signing_enabled": False}

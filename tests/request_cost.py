@@ -1,4 +1,5 @@
-"""CPU time per ranged GET: ours (``threaded_http.get_into``) against ``http.client``'s objects.
+"""CPU time per ranged GET: ours (``threaded_http.get_into``) against ``http.client``'s objects;
+and per presigned URL: ours (SigV4) against botocore's default (SigV2).
 
 A diagnostic, not a test (pytest does not collect it)::
 
@@ -6,18 +7,27 @@ A diagnostic, not a test (pytest does not collect it)::
 
 A loopback server answers every request with the same S3-like 206 head and a
 1 KiB body, so what is measured is the client's Python per request (plus the
-tiny server thread, the same for both). docs/benchmarks.md quotes it.
+tiny server thread, the same for both). The presigning is ``S3Source.locate``
+with a loopback endpoint (no request is sent). docs/benchmarks.md quotes it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import http.client
+import os
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
 
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from ingest.fetch import S3Source
+from ingest.settings import load_settings
 from ingest.threaded_http import ConnectionPool, get_into
 
 BODY = b"x" * 1024
@@ -75,6 +85,41 @@ def main() -> None:
 
     print(f"http.client objects: {cpu_us(stdlib):.0f} us CPU per request")
     print(f"get_into (ours):     {cpu_us(ours):.0f} us CPU per request")
+    sigv4, sigv2 = asyncio.run(presign_us())
+    print(f"presign, SigV4 (ours):             {sigv4:.0f} us CPU per URL")
+    print(f"presign, SigV2 (botocore default): {sigv2:.0f} us CPU per URL")
+
+
+async def presign_us(count: int = 2000) -> tuple[float, float]:
+    """CPU microseconds per ``S3Source.locate``, and per URL with the SigV2 default."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "dicom-ingest")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "dicom-ingest-secret")
+    settings = load_settings(
+        {
+            "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+            "DICOM_INGEST_OUTPUT_URL": "s3://out/",
+            "DICOM_INGEST_AUDIT_KEY": base64.b64encode(bytes(32)).decode(),
+            "DICOM_INGEST_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+        }
+    )
+    async with S3Source(settings) as source:
+        await source.locate("bucket", "warm.dcm", None)
+        started = time.process_time()
+        for n in range(count):
+            await source.locate("bucket", f"series/slice-{n}.dcm", None)
+        sigv4 = (time.process_time() - started) / count * 1e6
+    config = AioConfig(s3={"addressing_style": "path", "payload_signing_enabled": False})
+    session = get_session()
+    async with session.create_client(
+        "s3", endpoint_url="http://127.0.0.1:9000", config=config
+    ) as client:
+        started = time.process_time()
+        for n in range(count):
+            await client.generate_presigned_url(
+                "get_object", Params={"Bucket": "bucket", "Key": f"series/slice-{n}.dcm"}
+            )
+        sigv2 = (time.process_time() - started) / count * 1e6
+    return sigv4, sigv2
 
 
 if __name__ == "__main__":
