@@ -267,6 +267,7 @@ class TreeMeter:
         return {
             "tree": process_cpu_s(self.pids),
             "server": process_cpu_s(self.server_pids),
+            **{f"server_{i}": process_cpu_s([pid]) for i, pid in enumerate(self.server_pids)},
             "busy": machine_busy_s(),
             "self": time.process_time(),
         }
@@ -290,6 +291,8 @@ class TreeMeter:
             other_cpu_s=max(0.0, d["busy"] - d["tree"] - d["server"] - d["self"]),
             extra={
                 "bench_cpu_s": d["self"],
+                # each server's CPU in the pass, in ``server_pids`` order: S3 server, broker
+                "server_cpu_each_s": [d[f"server_{i}"] for i in range(len(self.server_pids))],
                 "child_peak_rss_each": peaks,
                 "child_peak_rss_total": sum(peaks),
                 "peak_rss_reset": self.reset_ok,
