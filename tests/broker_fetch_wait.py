@@ -9,10 +9,10 @@ partitions (PER default 4, as the scaled bench's source topics), and runs N
 consumers (PER partitions each, each with its own connection and
 ``fetch_max_wait_ms=WAIT_MS``, default 50: the worker's default) while one
 producer writes RATE records a second (default 400), round robin over the
-partitions, for SECONDS (default 5). It prints the
-records' latency from send to receipt. A broker that answers a fetch as soon
-as a record arrives shows about the same figures for every N; docs/benchmarks.md
-(round 5) quotes what Tansu does.
+partitions, for SECONDS (default 5). It prints the records' latency from
+send to receipt. Were the broker to serve waiting fetches one at a time, the
+latency would grow with N; docs/benchmarks.md (round 5) quotes what Tansu
+does.
 """
 
 from __future__ import annotations
