@@ -264,10 +264,11 @@ class TreeMeter:
         self.marks = self._read()
 
     def _read(self) -> dict[str, float]:
+        each = {f"server_{i}": process_cpu_s([pid]) for i, pid in enumerate(self.server_pids)}
         return {
             "tree": process_cpu_s(self.pids),
-            "server": process_cpu_s(self.server_pids),
-            **{f"server_{i}": process_cpu_s([pid]) for i, pid in enumerate(self.server_pids)},
+            "server": sum(each.values()),
+            **each,
             "busy": machine_busy_s(),
             "self": time.process_time(),
         }
