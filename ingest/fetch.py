@@ -1,7 +1,7 @@
 """Reading S3 objects: ranged GETs straight into ring slots, in threads, with retries.
 
 An object is read without a HEAD. ``locate`` presigns one GET URL for it
-(SigV4 query auth, by botocore); ``read_first`` GETs its first range and
+(SigV4 query auth, by botocore's signer: ``presign.py``); ``read_first`` GETs its first range and
 learns the object's size, ETag and version from the answer (``Content-Range``,
 ``ETag``, ``x-amz-version-id``); every later ``read_into`` carries
 ``If-Match`` with that ETag, so a range can never mix bytes of two versions: a
@@ -47,6 +47,7 @@ from ingest.errors import (
 )
 from ingest.http_answer import Answer, BodyCut, HttpStatusError
 from ingest.planning import ByteRange
+from ingest.presign import UrlSigner
 from ingest.retry import with_retries
 from ingest.settings import Settings
 from ingest.threaded_http import ConnectionPool, Transfer, get_into, put_from
@@ -127,6 +128,7 @@ class S3Source:
         self._settings = settings
         self._stack = AsyncExitStack()
         self._client: Any = None
+        self._signer: UrlSigner | None = None
         # GETs are bounded by the pipeline's fetch limit; the sink's PUTs come on top
         self._threads = anyio.CapacityLimiter(2 * settings.fetch_concurrency)
         self._pool = ConnectionPool(
@@ -158,6 +160,9 @@ class S3Source:
         self._client = await self._stack.enter_async_context(
             session.create_client("s3", endpoint_url=s.s3_endpoint_url, config=config)
         )
+        # the credentials the client signs with: the session resolves them once
+        credentials = await session.get_credentials()
+        self._signer = UrlSigner(self._client, credentials, PRESIGN_EXPIRES_S)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -217,10 +222,9 @@ class S3Source:
         Raises:
             SourceError: no credentials, or the request could not be signed.
         """
+        assert self._signer is not None, "use S3Source as an async context manager"
         try:
-            url: str = await self._client.generate_presigned_url(
-                operation, Params=params, ExpiresIn=PRESIGN_EXPIRES_S
-            )
+            url = await self._signer.presign(operation, params)
         except Exception as exc:
             raise translate_s3_error(exc, f"presign {operation}") from exc
         return url

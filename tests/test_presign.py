@@ -1,0 +1,166 @@
+"""``UrlSigner`` makes the URLs botocore's client makes, but for the time and the signature.
+
+No request is sent: presigning needs no server. Each URL is compared with the
+client's for the same request, on the configurations a worker meets (a
+loopback endpoint with path-style addressing, AWS regions with virtual hosts,
+dotted bucket names, a session token); shapes it does not know, and probes
+that disagree, stay with the client. SeaweedFS verifying one of these URLs,
+and refusing it with one signature character changed, is
+``tests/test_s3_faults.py::test_source_presigns_with_sigv4_that_the_server_verifies``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl
+
+import pytest
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from ingest.presign import UrlSigner
+
+pytestmark = pytest.mark.anyio
+
+EXPIRES_S = 3600
+KEYS = [
+    "series/slice-0001.dcm",
+    "dir with space/é+x.dcm",
+    "a b/c+d~e%f/ü//x/../y?z#w&v=1",
+    "/leading-slash",
+    "trailing/",
+    "日本語/キー.dcm",
+]
+CONFIGS = {
+    "loopback-path": ("http://127.0.0.1:8333", "us-east-1", {"addressing_style": "path"}),
+    "aws-default": (None, "eu-west-1", {}),
+    "aws-virtual": (None, "us-west-2", {"addressing_style": "virtual"}),
+    "aws-us-east-1": (None, "us-east-1", {}),
+}
+
+
+@pytest.fixture
+def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+@asynccontextmanager
+async def signer_for(config: str, **extra: Any) -> AsyncIterator[tuple[UrlSigner, Any]]:
+    endpoint, region, s3 = CONFIGS[config]
+    session = get_session()
+    aio = AioConfig(signature_version="s3v4", region_name=region, s3=s3, **extra)
+    async with session.create_client("s3", endpoint_url=endpoint, config=aio) as client:
+        yield UrlSigner(client, await session.get_credentials(), EXPIRES_S), client
+
+
+def untimed(url: str) -> tuple[str, list[tuple[str, str]]]:
+    base, _, query = url.partition("?")
+    timed = ("X-Amz-Date", "X-Amz-Signature")
+    return base, sorted((k, v) for k, v in parse_qsl(query) if k not in timed)
+
+
+async def both(
+    signer: UrlSigner, client: Any, operation: str, params: dict[str, Any]
+) -> tuple[str, str]:
+    ours = await signer.presign(operation, params)
+    theirs: str = await client.generate_presigned_url(operation, Params=params, ExpiresIn=EXPIRES_S)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+async def test_urls_match_the_clients_but_for_time_and_signature(
+    credentials: None, config: str
+) -> None:
+    async with signer_for(config) as (signer, client):
+        requests: list[tuple[str, dict[str, Any]]] = []
+        part = {"UploadId": "u/+", "PartNumber": 7}
+        for bucket in ("bucket-a", "dotted.bucket.name"):
+            requests += [("get_object", {"Bucket": bucket, "Key": key}) for key in KEYS]
+            requests += [
+                ("get_object", {"Bucket": bucket, "Key": KEYS[1], "VersionId": "v 1/+="}),
+                ("put_object", {"Bucket": bucket, "Key": KEYS[2], "ContentType": "text/json"}),
+                ("upload_part", {"Bucket": bucket, "Key": KEYS[0], **part}),
+            ]
+        for operation, params in requests:
+            ours, theirs = await both(signer, client, operation, params)
+            assert untimed(ours) == untimed(theirs), (operation, params)
+            assert "X-Amz-Signature=" in ours
+        # one probe per bucket, operation and parameter names: 2 buckets x 4 shapes
+        assert signer.by_client == 8
+
+
+async def test_a_session_token_is_signed_in(
+    credentials: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-session-token")
+    async with signer_for("aws-default") as (signer, client):
+        ours, theirs = await both(signer, client, "get_object", {"Bucket": "b", "Key": "k"})
+        assert ("X-Amz-Security-Token", "a-session-token") in untimed(ours)[1]
+        assert untimed(ours) == untimed(theirs)
+        assert signer.by_client == 1
+
+
+async def test_the_same_second_gives_the_same_url(credentials: None) -> None:
+    """Signature included: sign until both land in one second (the signing time is in it)."""
+    async with signer_for("loopback-path") as (signer, client):
+        params = {"Bucket": "b", "Key": KEYS[2]}
+        for _ in range(20):
+            ours, theirs = await both(signer, client, "get_object", params)
+            if (
+                dict(parse_qsl(ours.partition("?")[2]))["X-Amz-Date"]
+                == dict(parse_qsl(theirs.partition("?")[2]))["X-Amz-Date"]
+            ):
+                assert ours == theirs
+                return
+        pytest.fail("never signed within one second")
+
+
+async def test_unknown_shapes_and_empty_keys_stay_with_the_client(credentials: None) -> None:
+    async with signer_for("loopback-path") as (signer, _):
+        await signer.presign("head_object", {"Bucket": "b", "Key": "k"})
+        await signer.presign("get_object", {"Bucket": "b", "Key": "k", "Range": "bytes=0-1"})
+        assert signer.by_client == 2
+        with pytest.raises(Exception, match="Key"):  # botocore's validation, not a bucket URL
+            await signer.presign("get_object", {"Bucket": "b", "Key": ""})
+
+
+class _Disagreeing:
+    """A client whose URLs carry a parameter the signer would not add (an extension)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def generate_presigned_url(
+        self, operation: str, Params: dict[str, Any], ExpiresIn: int
+    ) -> str:
+        url: str = await self.client.generate_presigned_url(
+            operation, Params=Params, ExpiresIn=ExpiresIn
+        )
+        return url + "&x-extension=1"
+
+
+async def test_a_probe_that_disagrees_keeps_the_client(credentials: None) -> None:
+    async with signer_for("loopback-path") as (_, client):
+        credentials = await get_session().get_credentials()
+        signer = UrlSigner(_Disagreeing(client), credentials, EXPIRES_S)
+        for n in range(3):
+            url = await signer.presign("get_object", {"Bucket": "b", "Key": f"k{n}"})
+            assert url.endswith("&x-extension=1")
+        # twice for the probe (a date may turn between two signings), then once per URL
+        assert signer.by_client == 2 + 3
+
+
+async def test_without_credentials_the_client_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    async with signer_for("loopback-path") as (signer, _):
+        with pytest.raises(Exception, match=r"[Cc]redentials"):
+            await signer.presign("get_object", {"Bucket": "b", "Key": "k"})
