@@ -18,13 +18,24 @@ compile, which makes ``__double2float_rn`` flush float32 subnormals to zero
 where NumPy keeps them (seen on an H200 with CuPy 14.2). Float64 arithmetic is
 never flushed.
 
+Loading: the package ships the kernel compiled for the GPUs we measure on
+(``gpu/cubin/``, made by ``python -m gpu.build_cubin`` on such a GPU, with the
+SHA-256 of ``SOURCE`` it was built from). On a GPU of that architecture the
+worker loads it with ``cupy.cuda.Module`` and never loads NVRTC: no compile at
+start-up (a fresh container has no kernel cache) and ~33-58 MiB less resident
+memory (``tests/rss_cost.py``). Elsewhere, or if the shipped build is not of
+this ``SOURCE``, CuPy compiles the source with NVRTC and caches it on disk.
+
 Importing this module needs NumPy only; CuPy is imported when a kernel is built.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -188,16 +199,54 @@ def pack_params(
     return ints, floats, np.asarray(table, dtype=np.float64)
 
 
+KERNEL_NAME = "dicom_preprocess"
+CUBIN_PACKAGE = "gpu.cubin"
+MANIFEST = "manifest.json"
+
+
+def source_sha256() -> str:
+    return hashlib.sha256(SOURCE.encode()).hexdigest()
+
+
+def shipped_cubin(compute_capability: str) -> bytes | None:
+    """The shipped build of ``SOURCE`` for this architecture (e.g. ``"90"``), if there is one."""
+    folder = resources.files(CUBIN_PACKAGE)
+    try:
+        manifest = json.loads(folder.joinpath(MANIFEST).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if manifest.get("source_sha256") != source_sha256():
+        return None
+    name = manifest.get("cubins", {}).get(compute_capability)
+    if not isinstance(name, str):
+        return None
+    return folder.joinpath(name).read_bytes()
+
+
 @functools.cache
-def _kernel() -> Any:
+def _kernel(device_id: int) -> tuple[Any, str]:
+    """The kernel function on this device (a module is loaded per device), and where it
+    came from: ``"shipped"`` or ``"nvrtc"``."""
     import cupy
 
-    return cupy.RawKernel(SOURCE, "dicom_preprocess")
+    cubin = shipped_cubin(str(cupy.cuda.Device(device_id).compute_capability))
+    if cubin is not None:
+        module = cupy.cuda.Module()
+        module.load(cubin)
+        return module.get_function(KERNEL_NAME), "shipped"
+    kernel = cupy.RawKernel(SOURCE, KERNEL_NAME)
+    kernel.compile()  # NVRTC, cached on disk by CuPy
+    return kernel, "nvrtc"
 
 
-def compile_kernel() -> None:
-    """Build the kernel now (NVRTC, cached on disk by CuPy) instead of at the first launch."""
-    _kernel().compile()
+def compile_kernel() -> str:
+    """Load or build the kernel for the current device now, not at the first launch.
+
+    Returns ``"shipped"`` or ``"nvrtc"``.
+    """
+    import cupy
+
+    return _kernel(cupy.cuda.Device().id)[1]
 
 
 def launch(params: Any, fparams: Any, table: Any, chunks: int, max_n: int) -> None:
@@ -205,7 +254,9 @@ def launch(params: Any, fparams: Any, table: Any, chunks: int, max_n: int) -> No
 
     Batches of more than ``MAX_GRID_Y`` chunks take one launch per ``MAX_GRID_Y``.
     """
-    kernel = _kernel()
+    import cupy
+
+    kernel = _kernel(cupy.cuda.Device().id)[0]
     params, fparams = params.ravel(), fparams.ravel()
     grid_x = max(1, min(-(-max_n // THREADS), MAX_GRID_X))
     for first in range(0, chunks, MAX_GRID_Y):

@@ -1,0 +1,30 @@
+"""The kernel build the package ships (``gpu/cubin/``) is a build of today's kernel source.
+
+``gpu.kernel`` would quietly fall back to NVRTC for a stale build; this test
+says so on any machine, without a GPU, so a kernel change comes with a new
+build (``python -m gpu.build_cubin gpu/cubin`` on the GPU machine).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from gpu import kernel
+
+
+def test_the_shipped_cubins_are_built_from_the_current_source() -> None:
+    folder = resources.files(kernel.CUBIN_PACKAGE)
+    manifest = json.loads(folder.joinpath(kernel.MANIFEST).read_text())
+    assert manifest["source_sha256"] == kernel.source_sha256(), (
+        "gpu/kernel.py changed since gpu/cubin was built: rebuild it on the GPU machine"
+    )
+    assert manifest["cubins"], "no architecture is shipped"
+    for capability, name in manifest["cubins"].items():
+        data = folder.joinpath(name).read_bytes()
+        assert data[:4] == b"\x7fELF", name  # a cubin is an ELF image
+        assert kernel.shipped_cubin(capability) == data
+
+
+def test_no_cubin_for_an_architecture_not_shipped() -> None:
+    assert kernel.shipped_cubin("10") is None
