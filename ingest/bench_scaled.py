@@ -17,8 +17,10 @@ The workers run unmodified, so everything is measured from outside them:
   ``fetch_max_wait_ms=10`` (Tansu answers a fetch only at that deadline, so an
   arrival is seen up to 10 ms late);
 - latency of an object = arrival of its result record - its publish time
-  (one clock, this process); throughput = objects and bytes / (last arrival -
-  first publish);
+  (one clock, this process); for the paced pass also to the result record's
+  own timestamp (the worker's producer stamps it: the bench's fetch left out),
+  and by publish time in 0.5 s windows (``over_time``); throughput = objects
+  and bytes / (last arrival - first publish);
 - CPU: utime + stime (and reaped children's) of the supervisor's whole process
   tree from ``/proc/PID/stat``, before and after each pass; the bench's own
   publisher and consumer are apart (``bench_cpu_s``), the servers too;
@@ -114,8 +116,10 @@ def scaled_label(mode: str, processes: int) -> str:
 class _Pass:
     expected: int
     sent: dict[str, float] = field(default_factory=dict)
+    sent_epoch: dict[str, float] = field(default_factory=dict)  # time.time() at the same moment
     partition_of: dict[str, int] = field(default_factory=dict)  # where each was published
     done: dict[str, float] = field(default_factory=dict)
+    produced: dict[str, float] = field(default_factory=dict)  # the result record's timestamp
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     backends: Counter[str] = field(default_factory=Counter)  # "cuda" / "cpu", from the results
@@ -123,6 +127,33 @@ class _Pass:
 
     def latencies_ms(self) -> list[float]:
         return [(self.done[k] - self.sent[k]) * 1000.0 for k in self.sent if k in self.done]
+
+    def to_record_ms(self) -> list[float]:
+        """Publish to the result record's own timestamp (the worker's producer stamps it,
+        in ms): the latency without the bench's consumer fetching the record."""
+        return [
+            (self.produced[k] - self.sent_epoch[k]) * 1000.0
+            for k in self.sent_epoch
+            if k in self.produced
+        ]
+
+    def over_time(self, window_s: float = 0.5) -> list[list[float]]:
+        """Arrival latency by when the object was published: per ``window_s``, rows of
+        [window start (s from the first publish), objects, p50, p99, max (ms)]."""
+        if not self.sent:
+            return []
+        first = min(self.sent.values())
+        windows: dict[int, list[float]] = {}
+        for k, t in self.sent.items():
+            if k in self.done:
+                windows.setdefault(int((t - first) / window_s), []).append(
+                    (self.done[k] - t) * 1000.0
+                )
+        return [
+            [round(w * window_s, 2), len(v), round(percentile(v, 50), 1),
+             round(percentile(v, 99), 1), round(max(v), 1)]
+            for w, v in sorted(windows.items())
+        ]  # fmt: skip
 
     def breakdown_ms(self) -> dict[str, float]:
         """Medians of the workers' own timings (from the result records), and of the rest."""
@@ -310,9 +341,11 @@ class ScaledRunner:
                     if back is not None:  # arrivals are then seen late, never early
                         consumer.seek(tp, back)
                         break
-                    self._arrived(tp.topic, record.key, record.value, now)
+                    self._arrived(tp.topic, record.key, record.value, now, record.timestamp)
 
-    def _arrived(self, topic: str, key: bytes | None, value: bytes, now: float) -> None:
+    def _arrived(
+        self, topic: str, key: bytes | None, value: bytes, now: float, stamp_ms: int
+    ) -> None:
         p = self._current
         document = json.loads(value)
         if topic == self.settings.dlq_topic:
@@ -323,6 +356,7 @@ class ScaledRunner:
         name = key.decode() if key else str(document.get("source", {}).get("key"))
         if name in p.sent and name not in p.done:
             p.done[name] = now
+            p.produced[name] = stamp_ms / 1000.0
             timings = document.get("timings") or {}
             p.timings[name] = {k: float(v) for k, v in timings.items()}
             p.backends[str(document.get("backend"))] += 1
@@ -342,6 +376,7 @@ class ScaledRunner:
             partition = self._next_partition
             self._next_partition = (partition + 1) % self.partitions
             p.sent[obj.key] = time.perf_counter()
+            p.sent_epoch[obj.key] = time.time()
             p.partition_of[obj.key] = partition
             message = notification(bucket, obj)
             deliveries.append(await self._producer.send(topic, message, partition=partition))
@@ -438,7 +473,17 @@ class ScaledRunner:
             rate = float(result["median"]["objects_per_s"]) / 2.0
             p, _ = await self._pass(objects, 1.0 / rate, limit_s)
             summary = latency_summary(p.latencies_ms(), p.breakdown_ms())
-            result["latency_paced"] = {"rate_objects_per_s": rate, **summary}
+            stamped = p.to_record_ms()
+            result["latency_paced"] = {
+                "rate_objects_per_s": rate,
+                **summary,
+                "to_result_record": {
+                    "p50_ms": percentile(stamped, 50),
+                    "p99_ms": percentile(stamped, 99),
+                    "max_ms": max(stamped, default=0.0),
+                },
+                "over_time": p.over_time(),
+            }
         # all passes: seeks back over result offsets the broker's live fetch skipped
         result["result_gaps"] = {"refetched": self._gaps.refetched, "given_up": self._gaps.given_up}
         return result

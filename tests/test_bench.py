@@ -124,7 +124,11 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
         assert len(run["child_peak_rss_each"]) == 2
         assert sum(run["backends"].values()) == 4  # "cpu" here, "cuda" on the GPU machine
         assert entry["latency_burst"]["count"] == 4
-        assert entry["latency_paced"]["count"] == 4
+        paced = entry["latency_paced"]
+        assert paced["count"] == 4
+        # the result records' own timestamps: after the publish, before the arrival (ms)
+        assert 0 < paced["to_result_record"]["p50_ms"] <= paced["max_ms"] + 1.0
+        assert sum(row[1] for row in paced["over_time"]) == 4
         assert entry["latency_burst"]["p50_ms"] > 0
         assert entry["result_gaps"]["given_up"] == 0
     assert {(r["label"], r["over_p1"]) for r in on_disk["scaling"]} == {
