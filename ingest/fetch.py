@@ -28,7 +28,7 @@ import ssl
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 import anyio
@@ -74,6 +74,26 @@ class Presigned:
     bucket: str
     key: str
     version_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _After(Generic[T]):
+    """What a callable run after a GET returned or raised (raised again by ``value``)."""
+
+    result: T | None
+    error: BaseException | None
+
+    @classmethod
+    def of(cls, then: Callable[[memoryview], T], data: memoryview) -> _After[T]:
+        try:
+            return cls(then(data), None)
+        except Exception as exc:  # not the GET's failure: raised after it, untranslated
+            return cls(None, exc)
+
+    def value(self) -> T | None:
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,13 +259,30 @@ class S3Source:
         Raises:
             ObjectNotFound, AccessDenied, SourceUnavailable, TruncatedBody, SourceError
         """
+        head, filled, _ = await self.read_first_then(where, into, None)
+        return head, filled
+
+    async def read_first_then(
+        self, where: Presigned, into: memoryview, then: Callable[[memoryview], T] | None
+    ) -> tuple[ObjectHead, int, T | None]:
+        """``read_first``, and if the whole object came, ``then(its bytes)`` in the same thread.
+
+        A CT slice is read and parsed in one hand-off to a thread instead of two
+        (each costs the event loop ~50 us: docs/benchmarks.md, round 6). The third
+        value is what ``then`` returned, or None if the object is larger than
+        ``into`` (or ``then`` is None). What ``then`` raises is raised here as it
+        is, after the GET: it is neither retried nor taken for a failed GET.
+
+        Raises:
+            what ``read_first`` raises, and what ``then`` raises.
+        """
         wanted = ByteRange(0, len(into))
         try:
-            answer = await self._get(
-                where.url, {"Range": wanted.http_range}, into, wanted.http_range
+            answer, after = await self._get(
+                where.url, {"Range": wanted.http_range}, into, wanted.http_range, then
             )
         except ObjectChanged:  # 416: nothing at byte 0
-            return await self._empty(where), 0
+            return await self._empty(where), 0, None
         if answer.start != 0 or answer.total is None or not answer.etag:
             raise SourceError(
                 f"GET {wanted.http_range}: answered from byte {answer.start} of "
@@ -253,7 +290,8 @@ class S3Source:
             )
         if answer.filled != min(len(into), answer.total):
             raise TruncatedBody(f"GET {wanted.http_range}: {answer.filled} bytes")
-        return ObjectHead(answer.total, answer.etag, answer.version_id), answer.filled
+        head = ObjectHead(answer.total, answer.etag, answer.version_id)
+        return head, answer.filled, after.value() if after is not None else None
 
     async def _empty(self, where: Presigned) -> ObjectHead:
         head = await self.head(where.bucket, where.key, where.version_id)
@@ -273,27 +311,43 @@ class S3Source:
         """
         headers = {"Range": byte_range.http_range, "If-Match": f'"{head.etag}"'}
         target = into[: byte_range.length]
-        answer = await self._get(where.url, headers, target, byte_range.http_range)
+        answer, _ = await self._get(where.url, headers, target, byte_range.http_range, None)
         if answer.start != byte_range.start or answer.filled != byte_range.length:
             raise SourceError(
                 f"GET {byte_range.http_range}: answered {answer.filled} bytes from {answer.start}"
             )
 
     async def _get(
-        self, url: str, headers: dict[str, str], target: memoryview, what: str
-    ) -> Answer:
-        async def call() -> Answer:
+        self,
+        url: str,
+        headers: dict[str, str],
+        target: memoryview,
+        what: str,
+        then: Callable[[memoryview], T] | None,
+    ) -> tuple[Answer, _After[T] | None]:
+        async def call() -> tuple[Answer, _After[T] | None]:
             try:
-                return await self._get_once(url, headers, target)
+                return await self._get_once(url, headers, target, then)
             except Exception as exc:
                 raise translate_s3_error(exc, f"GET {what}") from exc
 
         return await with_retries(self._settings, call)
 
-    async def _get_once(self, url: str, headers: dict[str, str], target: memoryview) -> Answer:
-        return await self._in_thread(
-            lambda transfer: get_into(self._pool, url, headers, target, transfer)
-        )
+    async def _get_once(
+        self,
+        url: str,
+        headers: dict[str, str],
+        target: memoryview,
+        then: Callable[[memoryview], T] | None,
+    ) -> tuple[Answer, _After[T] | None]:
+        def work(transfer: Transfer) -> tuple[Answer, _After[T] | None]:
+            answer = get_into(self._pool, url, headers, target, transfer)
+            whole = answer.start == 0 and answer.total == answer.filled
+            if then is None or not whole:
+                return answer, None
+            return answer, _After.of(then, target[: answer.filled])
+
+        return await self._in_thread(work)
 
     async def put_from(self, url: str, headers: dict[str, str], body: list[memoryview]) -> str:
         """One PUT of ``body`` (not joined) to a presigned URL, in a thread; the ETag.

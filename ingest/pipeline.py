@@ -151,16 +151,21 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     first = first_read(expected, ctx.settings.part_size)
     npy_key, json_key = output_keys(ctx.settings, ref.bucket, ref.key)
     slot = await ctx.ring.acquire(first.length)  # a small slot when it fits one
+    parse = functools.partial(_parse_and_hash, settings=ctx.settings)
     try:
-        async with ctx.fetch_limit:
-            head, filled = await ctx.source.read_first(where, slot.view[: first.length])
-        first_s = time.perf_counter() - started
+        async with ctx.fetch_limit:  # a whole object is parsed in the GET's thread
+            head, filled, parsed = await ctx.source.read_first_then(
+                where, slot.view[: first.length], parse
+            )
+        first_s = time.perf_counter() - started - (parsed.seconds if parsed else 0.0)
         if head.size == 0:
             raise NotDicom("the object is empty (0 bytes)")
         obj = Located(where, ref, head)
         small = filled == head.size
         if small:
-            done = await _small(ctx, obj, slot, npy_key)
+            if parsed is None:  # not expected: a whole object is parsed with its GET
+                parsed = await anyio.to_thread.run_sync(parse, slot.view[:filled])
+            done = await _small(ctx, obj, slot, npy_key, parsed)
         else:  # the probe's slot goes back before the chunks take theirs (no deadlock)
             t = time.perf_counter()
             layout, prefix, hasher = await _read_header(ctx, obj, slot.view[:filled])
@@ -192,23 +197,30 @@ class Located:
 _Done = tuple[DicomHeader, str | None, str, Timings]
 
 
-def _parse_and_hash(
-    data: memoryview, size: int, settings: Settings
-) -> tuple[DicomHeader, str | None]:
-    header = parse_header(data, size, max_header_bytes=settings.max_header_bytes)
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """A whole object's header and source digest, and the seconds they took (in a thread)."""
+
+    header: DicomHeader
+    digest: str | None
+    seconds: float
+
+
+def _parse_and_hash(data: memoryview, settings: Settings) -> _Parsed:
+    """Parse and hash a whole object (``data`` is all of it)."""
+    started = time.perf_counter()
+    header = parse_header(data, len(data), max_header_bytes=settings.max_header_bytes)
     if isinstance(header, NeedMoreBytes):
         raise MalformedDicom("the header does not end inside the object")
-    return header, SourceDigest(settings, data).hexdigest()
+    digest = SourceDigest(settings, data).hexdigest()
+    return _Parsed(header, digest, time.perf_counter() - started)
 
 
-async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str) -> _Done:
-    """The whole object is in ``slot`` (the caller releases it)."""
-    timings = Timings()
-    size = obj.head.size
-    data = slot.view[:size]
-    t = time.perf_counter()
-    header, digest = await anyio.to_thread.run_sync(_parse_and_hash, data, size, ctx.settings)
-    timings.parse_s = time.perf_counter() - t
+async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _Parsed) -> _Done:
+    """The whole object is in ``slot`` (the caller releases it), parsed."""
+    timings = Timings(parse_s=parsed.seconds)
+    header, digest = parsed.header, parsed.digest
+    data = slot.view[: obj.head.size]
     pixels = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
     t = time.perf_counter()
     async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
