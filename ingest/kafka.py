@@ -95,13 +95,20 @@ class Publisher:
     async def enqueue(self, topic: str, value: bytes, key: bytes | None) -> asyncio.Future[Any]:
         """Hand a message to the producer without waiting for the broker; keeps send order.
 
+        A retriable refusal (no metadata yet, the broker away) comes back as a
+        failed delivery, which ``confirm`` sends again under the retry policy.
+
         Raises:
-            BrokerError: the producer refused the message.
+            BrokerRejected: the producer refused the message for good (too large...).
         """
         try:
             delivery: asyncio.Future[Any] = await self._producer.send(topic, value, key=key)
         except KafkaError as exc:
-            raise translate_kafka_error(exc, f"produce to {topic}") from exc
+            error = translate_kafka_error(exc, f"produce to {topic}")
+            if not error.retriable:
+                raise error from exc
+            delivery = asyncio.get_running_loop().create_future()
+            delivery.set_exception(exc)
         return delivery
 
     async def confirm(
@@ -113,8 +120,12 @@ class Publisher:
         except KafkaError:
             await self.send(topic, value, key)
 
-    async def result(self, document: Mapping[str, Any], key: bytes) -> None:
-        await self.send(self._settings.results_topic, encode_json(document), key)
+    async def enqueue_result(
+        self, document: Mapping[str, Any], key: bytes
+    ) -> tuple[asyncio.Future[Any], str, bytes, bytes]:
+        """``enqueue`` a result event; what ``confirm`` needs: (delivery, topic, value, key)."""
+        topic, value = self._settings.results_topic, encode_json(document)
+        return await self.enqueue(topic, value, key), topic, value, key
 
     async def dead_letter(self, document: Mapping[str, Any], key: bytes | None) -> None:
         await self.send(self._settings.dlq_topic, encode_json(document), key)

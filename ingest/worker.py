@@ -324,8 +324,11 @@ class Worker:
                 progress, ref, ProcessingError(f"internal error: {type(exc).__name__}")
             )
             return
-        await self._publisher.result(document, ref.key.encode())
+        # The result and the audit record go out together (one produce request when
+        # they meet within linger_ms), then both acknowledgements are awaited.
+        result = await self._publisher.enqueue_result(document, ref.key.encode())
         await self._audit(success_event(done))
+        await self._publisher.confirm(*result)
         self.stats.processed += 1
         log.info("processed", key=key_digest(ref.key), size=done.head.size)
         self._report(Outcome(ref, done, None))
