@@ -1,11 +1,12 @@
 """Reading S3 objects: ranged GETs straight into ring slots, in threads, with retries.
 
 An object is read without a HEAD. ``locate`` presigns one GET URL for it
-(SigV4 query auth, by botocore's signer: ``presign.py``); ``read_first`` GETs its first range and
-learns the object's size, ETag and version from the answer (``Content-Range``,
-``ETag``, ``x-amz-version-id``); every later ``read_into`` carries
-``If-Match`` with that ETag, so a range can never mix bytes of two versions: a
-replaced object answers 412, which becomes ``ObjectChanged``. The GETs run in
+(SigV4 query auth, by botocore's signer: ``presign.py``); ``read_first`` GETs
+its first range and learns the object's size, ETag and version from the
+answer (``Content-Range``, ``ETag``, ``x-amz-version-id``); every later
+``read_into`` carries ``If-Match`` with that ETag, so a range can never mix
+bytes of two versions: a replaced object answers 412, which becomes
+``ObjectChanged``. The GETs run in
 worker threads on keep-alive connections and receive the body straight into
 the slot (``threaded_http.py`` says how and why), at most ``fetch_concurrency``
 at once. A cancelled read aborts its socket and waits for its thread, so a slot
@@ -14,10 +15,11 @@ is never written after it was given back.
 Transient failures (5xx, throttling, timeouts, resets, a body cut short) are
 retried by the policy of ``retry.py``. All foreign exceptions (botocore,
 aiohttp, ``http.client``, sockets) are translated into ``ingest.errors`` in
-one place, ``translate_s3_error``. The aiobotocore client stays for HEAD, for
-presigning and for the output sink; botocore's own retries are off so our
-policy is the only one, and its connection pool is sized to the concurrency
-(botocore's default of 10 silently caps parallel requests).
+one place, ``translate_s3_error``. The aiobotocore client stays for HEAD,
+for the presigner's one probe per bucket and for the output sink's control
+calls; botocore's own retries are off so our policy is the only one, and its
+connection pool is sized to the concurrency (botocore's default of 10
+silently caps parallel requests).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class _After(Generic[T]):
     """What a callable run after a GET returned or raised (raised again by ``value``)."""
 
     result: T | None
-    error: BaseException | None
+    error: Exception | None
 
     @classmethod
     def of(cls, then: Callable[[memoryview], T], data: memoryview) -> _After[T]:
@@ -268,7 +270,7 @@ class S3Source:
         """``read_first``, and if the whole object came, ``then(its bytes)`` in the same thread.
 
         A CT slice is read and parsed in one hand-off to a thread instead of two
-        (each costs the event loop ~50 us: docs/benchmarks.md, round 6). The third
+        (two were 12 % of the event loop's time: docs/benchmarks.md, round 6). The third
         value is what ``then`` returned, or None if the object is larger than
         ``into`` (or ``then`` is None). What ``then`` raises is raised here as it
         is, after the GET: it is neither retried nor taken for a failed GET.

@@ -161,10 +161,8 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
         if head.size == 0:
             raise NotDicom("the object is empty (0 bytes)")
         obj = Located(where, ref, head)
-        small = filled == head.size
-        if small:
-            if parsed is None:  # not expected: a whole object is parsed with its GET
-                parsed = await anyio.to_thread.run_sync(parse, slot.view[:filled])
+        small = parsed is not None  # the first GET held it all (filled == head.size)
+        if parsed is not None:
             done = await _small(ctx, obj, slot, npy_key, parsed)
         else:  # the probe's slot goes back before the chunks take theirs (no deadlock)
             t = time.perf_counter()
