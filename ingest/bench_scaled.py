@@ -12,8 +12,7 @@ The workers run unmodified, so everything is measured from outside them:
 - publish: the AWS-format notifications of ``bench_ours.notification``, round
   robin over the partitions; the time is taken just before each is handed to
   the producer (``perf_counter``);
-- arrival: an aiokafka consumer of the run's results and dead-letter topics
-  on a thread and event loop of its own (``bench_arrivals.py`` says why),
+- arrival: an aiokafka consumer of the run's results and dead-letter topics,
   started and positioned before the first publish, polling with
   ``fetch_max_wait_ms=10`` (Tansu answers a fetch only at that deadline, so an
   arrival is seen up to 10 ms late);
@@ -56,7 +55,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from anyio.abc import Process
 
-from ingest.bench_arrivals import GapWatch, ResultReader
 from ingest.bench_measure import TreeMeter, percentile, summarize
 from ingest.bench_ours import latency_summary, notification, pass_limit_s
 from ingest.bench_workloads import BenchObject
@@ -70,6 +68,39 @@ SETTINGS_SHOWN = (
     "device", "sink", "hook", "source_topic", "group_id",
 )  # fmt: skip
 STOP_GRACE_S = 60.0  # beyond the workers' drain deadline: the supervisor's own bound is 30 s
+
+
+@dataclass(slots=True)
+class GapWatch:
+    """Seek back over offsets the broker let a live consumer skip.
+
+    The offsets of a topic without transactions or compaction are contiguous, so
+    a record past the next expected offset means one was skipped: Tansu, with
+    several producers on one partition, lets a later batch be read before an
+    earlier one is visible (docs/benchmarks.md, "Skipped result records"; the
+    skipped records are in the topic when it is read again). ``check`` answers
+    where to seek back to; a gap still there after ``patience`` seeks is
+    accepted and counted in ``given_up``.
+    """
+
+    patience: int = 200  # seeks back to one gap; each waits for a fetch (~10 ms on Tansu)
+    expected: dict[Any, int] = field(default_factory=dict)  # partition -> next offset
+    tries: Counter[tuple[Any, int]] = field(default_factory=Counter)
+    refetched: int = 0
+    given_up: int = 0
+
+    def check(self, partition: Any, offset: int) -> int | None:
+        """None: take this record. Else the offset to seek back to (drop this record and
+        the rest of its batch: they come again)."""
+        want = self.expected.get(partition, offset)
+        if offset > want:
+            self.tries[partition, want] += 1
+            if self.tries[partition, want] <= self.patience:
+                self.refetched += 1
+                return want
+            self.given_up += 1
+        self.expected[partition] = offset + 1
+        return None
 
 
 def scaled_label(mode: str, processes: int) -> str:
@@ -166,7 +197,6 @@ class ScaledRunner:
         self._process: Process | None = None
         self._producer: Any = None
         self._gaps = GapWatch()
-        self._reader: ResultReader | None = None
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "ingest.cli", "worker", "--processes"]
@@ -199,21 +229,36 @@ class ScaledRunner:
             create_topics, s.kafka_bootstrap, [s.source_topic, s.results_topic, s.dlq_topic],
             self.partitions,
         )  # fmt: skip
-        reader = ResultReader(
-            s.kafka_bootstrap, (s.results_topic, s.dlq_topic), self._gaps, self._arrived
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10
         )
         producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=1)
-        async with reader:  # assigned and positioned before the first publish
-            self._reader = reader
+        await consumer.start()
+        try:
+            await self._assign(consumer)
             await producer.start()
             self._producer = producer
             try:
-                return await self._with_workers(objects, warmup, repeats, paced)
+                return await self._with_workers(consumer, objects, warmup, repeats, paced)
             finally:
                 await producer.stop()
+        finally:
+            await consumer.stop()
+
+    async def _assign(self, consumer: AIOKafkaConsumer) -> None:
+        await consumer.topics()  # metadata for partitions_for_topic
+        parts = [
+            TopicPartition(topic, p)
+            for topic in (self.settings.results_topic, self.settings.dlq_topic)
+            for p in sorted(consumer.partitions_for_topic(topic) or {0})
+        ]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)  # fresh topics: nothing before this run
+        self._gaps.expected = dict.fromkeys(parts, 0)
 
     async def _with_workers(
         self,
+        consumer: AIOKafkaConsumer,
         objects: Sequence[BenchObject],
         warmup: Sequence[BenchObject],
         repeats: int,
@@ -226,8 +271,11 @@ class ScaledRunner:
         self._process = process
         async with process:  # cancelled or failed: aclose() kills the supervisor
             try:
-                formed_s = await self._wait_for_group()
-                result = await self._passes(objects, warmup, repeats, paced)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._consume, consumer)
+                    formed_s = await self._wait_for_group()
+                    result = await self._passes(objects, warmup, repeats, paced)
+                    group.cancel_scope.cancel()
             finally:
                 code = await self._stop(process)
         result["group_formed_s"] = formed_s
@@ -248,8 +296,6 @@ class ScaledRunner:
 
     def _check_alive(self) -> None:
         assert self._process is not None
-        if self._reader is not None:
-            self._reader.raise_if_failed()
         if self._process.returncode is not None:
             raise RuntimeError(
                 f"{self.argv()} exited with {self._process.returncode}:\n{self.log_tail()}"
@@ -284,6 +330,18 @@ class ScaledRunner:
             f"group {self.settings.group_id}: {state!r} with {members} members, not "
             f"{self.spec.processes}, after {GROUP_TIMEOUT_S:.0f} s:\n{self.log_tail()}"
         )
+
+    async def _consume(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.perf_counter()
+            for tp, records in batch.items():
+                for record in records:
+                    back = self._gaps.check(tp, record.offset)
+                    if back is not None:  # arrivals are then seen late, never early
+                        consumer.seek(tp, back)
+                        break
+                    self._arrived(tp.topic, record.key, record.value, now, record.timestamp)
 
     def _arrived(
         self, topic: str, key: bytes | None, value: bytes, now: float, stamp_ms: int

@@ -21,11 +21,11 @@ import pytest
 from rich.console import Console
 
 from ingest.bench import BenchConfig, run_bench
-from ingest.bench_arrivals import GapWatch
 from ingest.bench_gpu import kvikio_missing
 from ingest.bench_measure import TreeMeter, percentile, process_tree
 from ingest.bench_readers import plan_ranges
 from ingest.bench_report import scaling, targets
+from ingest.bench_scaled import GapWatch
 from ingest.bench_workloads import BenchObject, Workload
 from ingest.cli import main
 from ingest.settings import Settings
