@@ -8,9 +8,9 @@ The scaled bench's topology without DICOM: in one event loop a publisher
 writes RATE records a second (default 1000) for SECONDS (default 5), round
 robin over a source topic of 4 x W partitions, and one consumer reads a
 results topic of as many partitions with ``fetch_max_wait_ms=10``; W relay
-threads (default 8 12 16), each with its own loop, consumer (4 source
-partitions, ``fetch_max_wait_ms=50``) and producer, write every record they
-read to the results topic under its key. It prints the latency from publish
+processes (default 8 12 16, as the workers are processes), each with a
+consumer (4 source partitions, ``fetch_max_wait_ms=50``) and a producer,
+write every record they read to the results topic under its key. It prints the latency from publish
 to the consumer, overall and by publish time in 0.5 s windows: on the GPU
 machine the bench's consumer got nothing until the publisher stopped
 (docs/benchmarks.md, round 6); a flat series here means this topology alone
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import statistics
 import sys
 import threading
 import time
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -34,7 +36,9 @@ PER = 4
 SOURCE, RESULTS = "relay-source", "relay-results"
 
 
-def relay(bootstrap: str, index: int, stop: threading.Event) -> None:
+def relay(bootstrap: str, index: int, stop: Any) -> None:
+    """One relay process (``stop``: a ``multiprocessing.Event``)."""
+
     async def run() -> None:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50
@@ -89,11 +93,15 @@ async def one_run(bootstrap: str, rate: float, seconds: float, relays: int) -> s
     sent: dict[bytes, float] = {}
     count = int(rate * seconds)
     complete = asyncio.Event()
-    threads = [threading.Thread(target=relay, args=(bootstrap, i, stop)) for i in range(relays)]
-    for thread in threads:
-        thread.start()
+    spawn = multiprocessing.get_context("spawn")
+    stop_relays = spawn.Event()
+    processes = [
+        spawn.Process(target=relay, args=(bootstrap, i, stop_relays)) for i in range(relays)
+    ]
+    for process in processes:
+        process.start()
     reader = asyncio.create_task(read(bootstrap, partitions, arrivals, stop, count, complete))
-    await asyncio.sleep(3.0)  # every consumer is polling
+    await asyncio.sleep(5.0)  # every consumer is polling
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=1)
     await producer.start()
     try:
@@ -110,10 +118,11 @@ async def one_run(bootstrap: str, rate: float, seconds: float, relays: int) -> s
             await asyncio.wait_for(complete.wait(), 20.0)
     finally:
         stop.set()
+        stop_relays.set()
         await producer.stop()
         await reader
-        for thread in threads:
-            thread.join()
+        for process in processes:
+            process.join()
     first = min(sent.values())
     windows: dict[int, list[float]] = {}
     for key, at in sent.items():
