@@ -22,9 +22,10 @@ Loading: the package ships the kernel compiled for the GPUs we measure on
 (``gpu/cubin/``, made by ``python -m gpu.build_cubin`` on such a GPU, with the
 SHA-256 of ``SOURCE`` it was built from). On a GPU of that architecture the
 worker loads it with ``cupy.cuda.Module`` and never loads NVRTC: no compile at
-start-up (a fresh container has no kernel cache) and ~33-58 MiB less resident
-memory (``tests/rss_cost.py``). Elsewhere, or if the shipped build is not of
-this ``SOURCE``, CuPy compiles the source with NVRTC and caches it on disk.
+start-up (a fresh container has no kernel cache) and 41-82 MiB less resident
+memory, with CuPy's kernel cache warm or cold (``tests/rss_cost.py``).
+Elsewhere, or if the shipped build is not of this ``SOURCE``, CuPy compiles
+the source with NVRTC and caches it on disk.
 
 Importing this module needs NumPy only; CuPy is imported when a kernel is built.
 """
