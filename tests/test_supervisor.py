@@ -390,7 +390,7 @@ def _after_stop_checks(parent: SupervisorProcess, code: int | None) -> None:
     stopped = [f for f in lines if f.get("event") == "child stopped"]
     assert sorted((f["child"], f["code"]) for f in stopped) == [(0, 0), (1, 0)], parent.log_tail()
     drained = [f for f in lines if f.get("event") == "worker stopped"]
-    assert sorted(f["worker"] for f in drained[-2:]) == ["sup-0", "sup-1"]
+    assert sorted(f["worker"] for f in drained[-2:]) == ["sup-0", "sup-1"], parent.log_tail()
     for stats in drained[-2:]:  # everything it took, it finished before exiting
         assert stats["processed"] == stats["objects"], stats
         assert stats["dead_lettered"] == 0, stats
