@@ -8,6 +8,8 @@ the device machine with ``python3 -m pytest -m gpu tests/test_gpu.py -s``
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -272,9 +274,6 @@ def test_the_kernel_is_the_shipped_build_and_nvrtc_stays_unloaded() -> None:
         "    maps = open('/proc/self/maps').read()\n"
         "    print('nvrtc' if 'libnvrtc' in maps else 'no-nvrtc')\n"
     )
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
