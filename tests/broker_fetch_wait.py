@@ -24,6 +24,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from ingest.bench_measure import percentile
 from ingest.stack import create_topics, start_tansu
 
 TOPIC = "fetch-wait"
@@ -79,7 +80,7 @@ async def one_run(
     if not latencies:
         return f"N={n:2}: nothing received of {sent}"
     ms = sorted(x * 1000 for x in latencies)
-    p99 = ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+    p99 = percentile(ms, 99)
     return (
         f"N={n:2}: {len(ms)}/{sent} received; latency p50 {statistics.median(ms):7.1f} ms, "
         f"p99 {p99:7.1f} ms, max {ms[-1]:7.1f} ms"

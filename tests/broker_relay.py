@@ -30,6 +30,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from ingest.bench_measure import percentile
 from ingest.stack import create_topics, start_tansu
 
 PER = 4
@@ -131,7 +132,7 @@ async def one_run(bootstrap: str, rate: float, seconds: float, relays: int) -> s
     ms = sorted(v for values in windows.values() for v in values)
     if not ms:
         return f"W={relays:2}: nothing received of {count}"
-    p99 = ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+    p99 = percentile(ms, 99)
     series = ", ".join(
         f"{w * 0.5:.1f}s {statistics.median(v):.0f}" for w, v in sorted(windows.items())
     )
