@@ -22,7 +22,6 @@ import re
 import struct
 import threading
 import warnings
-from dataclasses import dataclass
 from typing import Final
 
 from pydicom.dataelem import RawDataElement
@@ -30,26 +29,30 @@ from pydicom.dataset import Dataset
 from pydicom.filereader import dcmread, read_dataset
 from pydicom.uid import UID
 
-from gpu.formats import OutDtype, PixelFormat, Transform
+from ingest.dicom_header import (
+    EXPLICIT_VR_LE,
+    FLOAT_TAGS,
+    IMPLICIT_VR_LE,
+    PIXEL_TAG,
+    SUPPORTED_TRANSFER_SYNTAXES,
+    DicomHeader,
+    NeedMoreBytes,
+    ShortPrefix,
+    locate_pixels,
+    missing,
+    pixel_format,
+    text,
+)
 from ingest.dicom_rescale import modality_rescale
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
 
-IMPLICIT_VR_LE: Final = "1.2.840.10008.1.2"
-EXPLICIT_VR_LE: Final = "1.2.840.10008.1.2.1"
-SUPPORTED_TRANSFER_SYNTAXES: Final = frozenset({IMPLICIT_VR_LE, EXPLICIT_VR_LE})
+__all__ = ["DicomHeader", "NeedMoreBytes", "parse_header"]
+
 
 _MIB: Final = 1024 * 1024
 _MIN_REQUEST: Final = 64 * 1024
-_PIXEL_TAG: Final = b"\xe0\x7f\x10\x00"
-_FLOAT_TAGS: Final = {b"\xe0\x7f\x08\x00": "Float", b"\xe0\x7f\x09\x00": "Double Float"}
-_UNDEFINED_LENGTH: Final = 0xFFFFFFFF
 _ROWS_TAG: Final = 0x00280010
-_IMAGE_KEYWORDS: Final = "SamplesPerPixel Rows Columns BitsAllocated BitsStored PixelRepresentation"
 _UID_RE: Final = re.compile(r"[0-9.]{1,64}")
-_OTHER_PHOTOMETRIC: Final = frozenset(
-    {"PALETTE COLOR", "YBR_FULL", "YBR_FULL_422", "YBR_PARTIAL_422", "YBR_PARTIAL_420"}
-    | {"YBR_ICT", "YBR_RCT", "HSV", "ARGB", "CMYK", "XYB"}
-)
 
 # warnings.catch_warnings() swaps process-wide state: two threads nesting it out
 # of order can leave a filter behind for good, so parses take turns (they hold
@@ -65,49 +68,6 @@ def _drop_while_parsing(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("pydicom").addFilter(_drop_while_parsing)
-
-
-@dataclass(frozen=True, slots=True)
-class DicomHeader:
-    """What the pipeline needs from one DICOM object's header."""
-
-    transfer_syntax_uid: str  # from the file meta, or the encoding pydicom found
-    study_instance_uid: str | None
-    series_instance_uid: str | None
-    sop_instance_uid: str | None
-    modality: str | None
-    photometric_interpretation: str
-    pixel: PixelFormat
-    transform_slopes: tuple[float, ...]  # one value for all frames, or one per frame
-    transform_intercepts: tuple[float, ...]
-    rescale: bool  # False: pydicom's Modality LUT leaves stored values as they are
-    pixel_offset: int  # byte offset of the Pixel Data value within the object
-    pixel_length: int  # == pixel.total_bytes; the element may hold more (a pad byte)
-    # parse_header(per_frame=False) left the per-frame functional groups unread: the
-    # rescale fields above are empty until the header is parsed again in full
-    per_frame_pending: bool = False
-
-    def transform(self, window: tuple[float, float] | None, out_dtype: OutDtype) -> Transform:
-        """The preprocessing of this object's samples, with the worker's window and dtype."""
-        if self.per_frame_pending:
-            raise RuntimeError("the per-frame rescale values were not read: parse in full")
-        return Transform(
-            self.transform_slopes, self.transform_intercepts, self.rescale, window, out_dtype
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class NeedMoreBytes:
-    """The prefix ended before the Pixel Data element header; try again with more."""
-
-    at_least: int  # bytes of prefix to fetch next (never more than the object)
-
-
-class _Short(Exception):
-    """Internal: the prefix ran out; ``need`` is a lower bound of what suffices."""
-
-    def __init__(self, need: int = 0) -> None:
-        self.need = need
 
 
 class _Source(io.BytesIO):
@@ -170,7 +130,7 @@ def parse_header(
         _quiet.on = True
         try:
             return _parse(data, object_size, has_dicm, max_pixel_bytes, per_frame, step)
-        except _Short as short:
+        except ShortPrefix as short:
             if len(data) >= max_header_bytes:
                 raise LimitExceeded(f"DICOM header larger than {max_header_bytes} bytes") from None
             want = max(2 * len(data), short.need, _MIN_REQUEST)
@@ -201,7 +161,7 @@ def _parse(
     complete = len(data) == object_size
     if not has_dicm:
         if len(data) < 132 and not complete:
-            raise _Short(132)
+            raise ShortPrefix(132)
         if not _starts_with_element(data, object_size):
             raise NotDicom("no 'DICM' prefix at byte 128 and no DICOM element at byte 0")
 
@@ -214,19 +174,19 @@ def _parse(
         ds = dcmread(src, stop_before_pixels=True, force=True)
     except Exception:
         if not complete and src.hit_end:
-            raise _Short() from None
+            raise ShortPrefix() from None
         step.truncated = src.hit_end
         raise
     pos = src.tell()
     tag = data[pos : pos + 4]
-    if tag != _PIXEL_TAG:
-        if tag in _FLOAT_TAGS:
-            raise UnsupportedDicom(f"{_FLOAT_TAGS[tag]} Pixel Data is not supported")
+    if tag != PIXEL_TAG:
+        if tag in FLOAT_TAGS:
+            raise UnsupportedDicom(f"{FLOAT_TAGS[tag]} Pixel Data is not supported")
         if not complete:
-            raise _Short(pos + 12)
+            raise ShortPrefix(pos + 12)
         if not has_dicm:
             raise NotDicom("no 'DICM' prefix and no Pixel Data: not a DICOM image")
-        if data.find(_PIXEL_TAG, 132) != -1 or src.partial:
+        if data.find(PIXEL_TAG, 132) != -1 or src.partial:
             raise MalformedDicom("truncated or inconsistent lengths: Pixel Data not reachable")
         if _is_image(ds):  # an image whose Pixel Data was cut off
             raise MalformedDicom("truncated: an image object without its Pixel Data")
@@ -234,39 +194,25 @@ def _parse(
 
     step.now = "reading the image elements"
     implicit = _implicit_vr(ds, has_dicm)
-    offset, length = _pixel_element(data, pos, implicit, complete)
-    pixel, photometric = _pixel_format(ds, has_dicm)
-    expected = pixel.total_bytes
-    if expected > max_pixel_bytes:
-        raise LimitExceeded(f"pixel data of {expected} bytes exceeds the limit ({max_pixel_bytes})")
-    if length == _UNDEFINED_LENGTH:
-        raise MalformedDicom("Pixel Data has undefined length in a native transfer syntax")
-    if length < expected:
-        raise MalformedDicom(f"Pixel Data holds {length} bytes but the header needs {expected}")
-    if offset + expected > object_size:
-        raise MalformedDicom(f"truncated: Pixel Data ends past the {object_size}-byte object")
-    if offset + length > object_size:
-        raise MalformedDicom(f"Pixel Data length runs past the {object_size}-byte object")
-    if length // pixel.frame_bytes > pixel.frames:  # pydicom would return the extra frames
-        raise MalformedDicom("Pixel Data holds more frames than Number of Frames says")
-
+    pixel, photometric = pixel_format(ds, has_dicm)
+    place = locate_pixels(data, pos, implicit, complete, pixel, object_size, max_pixel_bytes)
     step.now = "reading the Modality LUT"
     rescaled = modality_rescale(ds, pixel.frames, per_frame)
     slopes, intercepts, rescale = rescaled or ((), (), False)
     step.now = "reading the UIDs"
     return DicomHeader(
         transfer_syntax_uid=syntax or (IMPLICIT_VR_LE if implicit else EXPLICIT_VR_LE),
-        study_instance_uid=_text(ds, "StudyInstanceUID"),
-        series_instance_uid=_text(ds, "SeriesInstanceUID"),
-        sop_instance_uid=_text(ds, "SOPInstanceUID"),
-        modality=_text(ds, "Modality"),
+        study_instance_uid=text(ds, "StudyInstanceUID"),
+        series_instance_uid=text(ds, "SeriesInstanceUID"),
+        sop_instance_uid=text(ds, "SOPInstanceUID"),
+        modality=text(ds, "Modality"),
         photometric_interpretation=photometric,
         pixel=pixel,
         transform_slopes=slopes,
         transform_intercepts=intercepts,
         rescale=rescale,
-        pixel_offset=offset,
-        pixel_length=expected,
+        pixel_offset=place.offset,
+        pixel_length=place.length,
         per_frame_pending=rescaled is None,
     )
 
@@ -290,11 +236,11 @@ def _meta_transfer_syntax(data: bytes, has_dicm: bool, complete: bool) -> str | 
         value = meta.get("TransferSyntaxUID")
     except Exception:
         if not complete and src.hit_end:
-            raise _Short() from None
+            raise ShortPrefix() from None
         raise
     if src.hit_end:
         if not complete:
-            raise _Short()
+            raise ShortPrefix()
         raise MalformedDicom("truncated in the file meta information")
     if value is None or value == "":
         return None
@@ -324,83 +270,10 @@ def _implicit_vr(ds: Dataset, has_dicm: bool) -> bool:
     """The encoding pydicom actually read the data set with (it may override the meta)."""
     raw = ds.get_item(_ROWS_TAG)
     if raw is None:
-        raise _missing("Rows", has_dicm)
+        raise missing("Rows", has_dicm)
     encoding: tuple[bool | None, bool | None] = ds.original_encoding
     if isinstance(raw, RawDataElement):
         encoding = (raw.is_implicit_VR, raw.is_little_endian)
     if not encoding[1]:
         raise UnsupportedDicom("big endian data sets are not supported")
     return bool(encoding[0])
-
-
-def _pixel_element(data: bytes, pos: int, implicit: bool, complete: bool) -> tuple[int, int]:
-    """(value offset, value length) of the Pixel Data element whose tag is at ``pos``."""
-    size = 8 if implicit else 12
-    if pos + size > len(data):
-        if not complete:
-            raise _Short(pos + size)
-        raise MalformedDicom("truncated: the object ends inside the Pixel Data element header")
-    if not implicit and data[pos + 4 : pos + 6] not in (b"OB", b"OW"):
-        raise MalformedDicom(f"Pixel Data has VR {data[pos + 4 : pos + 6]!r}, not OB or OW")
-    return pos + size, int(struct.unpack_from("<I", data, pos + size - 4)[0])
-
-
-def _missing(keyword: str, has_dicm: bool) -> Exception:
-    if not has_dicm:
-        return NotDicom(f"no 'DICM' prefix and no {keyword}: not a DICOM image")
-    return MalformedDicom(f"missing {keyword}")
-
-
-def _int(ds: Dataset, keyword: str, has_dicm: bool, default: int | None = None) -> int:
-    value = ds.get(keyword)
-    if value is None or value == "":
-        if default is not None:
-            return default
-        raise _missing(keyword, has_dicm)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise MalformedDicom(f"{keyword} is not a single integer")
-    return int(value)
-
-
-def _pixel_format(ds: Dataset, has_dicm: bool) -> tuple[PixelFormat, str]:
-    photometric = ds.get("PhotometricInterpretation")
-    if photometric is None or photometric == "":
-        raise _missing("PhotometricInterpretation", has_dicm)
-    if not isinstance(photometric, str):
-        raise MalformedDicom("PhotometricInterpretation is not a single value")
-    photometric = photometric.strip()
-    samples, rows, columns, allocated, stored, representation = (
-        _int(ds, keyword, has_dicm) for keyword in _IMAGE_KEYWORDS.split()
-    )
-    # as pydicom does: an absent, empty or 0 Number of Frames means one frame
-    frames = _int(ds, "NumberOfFrames", has_dicm, default=1) or 1
-
-    if photometric in ("MONOCHROME1", "MONOCHROME2", "RGB"):
-        if samples != (3 if photometric == "RGB" else 1):
-            raise MalformedDicom(f"{photometric} with {samples} samples per pixel")
-    else:
-        shown = repr(photometric) if photometric in _OTHER_PHOTOMETRIC else "(unknown value)"
-        raise UnsupportedDicom(f"photometric interpretation {shown} is not supported")
-    if allocated in (1, 64):
-        raise UnsupportedDicom(f"Bits Allocated {allocated} is not supported")
-    if allocated not in (8, 16, 32):
-        raise MalformedDicom(f"Bits Allocated {allocated} is not 8, 16 or 32")
-    if not 1 <= stored <= allocated:
-        raise MalformedDicom(f"Bits Stored {stored} is not within 1..{allocated}")
-    if representation not in (0, 1):
-        raise MalformedDicom(f"Pixel Representation {representation} is not 0 or 1")
-    if not (1 <= rows <= 65535 and 1 <= columns <= 65535):
-        raise MalformedDicom(f"an image of {rows} x {columns} pixels")
-    if frames < 1:
-        raise MalformedDicom(f"Number of Frames {frames} is below 1")
-    planar = _int(ds, "PlanarConfiguration", has_dicm) if samples == 3 else 0
-    if planar not in (0, 1):
-        raise MalformedDicom(f"Planar Configuration {planar} is not 0 or 1")
-    signed, is_planar = representation == 1, planar == 1
-    pixel = PixelFormat(rows, columns, frames, samples, allocated, stored, signed, is_planar)
-    return pixel, photometric
-
-
-def _text(ds: Dataset, keyword: str) -> str | None:
-    value = ds.get(keyword)
-    return (str(value) or None) if isinstance(value, str) else None
