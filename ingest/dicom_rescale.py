@@ -18,6 +18,7 @@ from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 
 from ingest.dicom_frames import per_frame_rescale
+from ingest.dicom_header import Values
 from ingest.errors import MalformedDicom, UnsupportedDicom
 
 PER_FRAME_GROUPS: Final = 0x52009230
@@ -48,13 +49,13 @@ def modality_rescale(
             chosen = item if item is not None else shared
             if chosen is None:
                 raise MalformedDicom(f"frame {index} has no Pixel Value Transformation")
-            pairs.append(_slope_intercept(chosen) if isinstance(chosen, Dataset) else chosen)
+            pairs.append(slope_intercept(chosen) if isinstance(chosen, Dataset) else chosen)
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), True
     if shared is not None:
-        slope, intercept = _slope_intercept(shared)
+        slope, intercept = slope_intercept(shared)
         return (slope,), (intercept,), True
     if "RescaleSlope" in ds and "RescaleIntercept" in ds:
-        slope, intercept = _slope_intercept(ds)
+        slope, intercept = slope_intercept(ds)
         return (slope,), (intercept,), True
     return (1.0,), (0.0,), False
 
@@ -84,11 +85,11 @@ def _transformation(group: Dataset) -> Dataset | None:
     return sequence[0] if sequence else None
 
 
-def _slope_intercept(item: Dataset) -> tuple[float, float]:
+def slope_intercept(item: Values) -> tuple[float, float]:
     return _number(item, "RescaleSlope"), _number(item, "RescaleIntercept")
 
 
-def _number(item: Dataset, keyword: str) -> float:
+def _number(item: Values, keyword: str) -> float:
     value = item.get(keyword)
     if value is None or value == "":
         raise MalformedDicom(f"{keyword} is missing or empty")

@@ -6,8 +6,9 @@ the pipeline needs, walking the bytes is ten to a hundred times cheaper
 header). The walker skips elements by their lengths, enters sequences of
 undefined length item by item, and raises :class:`Unsure` on anything it does
 not read with confidence (a length running out of its parent, a delimiter
-where an element should be, VR bytes that are not two capitals, an explicit
-VR element of undefined length that is not a sequence). Callers then leave
+where an element should be, VR bytes that are not two capitals, an element
+of undefined length that is not a sequence: pydicom finds the end of those
+by searching for the delimiter's bytes). Callers then leave
 the bytes to pydicom, which also gives the precise error.
 """
 
@@ -16,8 +17,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
+from pydicom.datadict import dictionary_VR
+
 ITEM, ITEM_END, SEQUENCE_END = 0xFFFEE000, 0xFFFEE00D, 0xFFFEE0DD
 UNDEFINED = 0xFFFFFFFF
+MAX_DEPTH = 16  # sequences of undefined length in one another; real headers nest 2-4
 LONG_VRS = frozenset(
     (b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV")
 )
@@ -27,6 +31,13 @@ _SHORT_VRS = frozenset(bytes((a, b)) for a in _CAPITALS for b in _CAPITALS) - LO
 _TAG = struct.Struct("<HH")
 _EXPLICIT = struct.Struct("<HH2sH")  # tag, VR, 2-byte length (or reserved before a long one)
 _U32 = struct.Struct("<I")
+
+
+def _dictionary_vr(tag: int) -> str | None:
+    try:
+        return str(dictionary_VR(tag))
+    except KeyError:  # private or unknown
+        return None
 
 
 class Unsure(Exception):
@@ -48,6 +59,7 @@ class Walker:
     def __init__(self, data: bytes, implicit_vr: bool) -> None:
         self.data = data
         self.implicit = implicit_vr
+        self._depth = 0  # undefined-length sequences entered
 
     def element(self, pos: int, end: int) -> Element:
         """The element whose header is at ``pos``, within a parent ending at ``end``; an
@@ -100,15 +112,21 @@ class Walker:
 
     def skip_items(self, start: int, end: int) -> int:
         """The position after the delimiter that ends an undefined-length sequence."""
-        pos = start
-        while pos < end:
-            tag, length, value = self._item_header(pos, end)
-            if tag == SEQUENCE_END:
-                return value
-            if tag != ITEM:
-                raise Unsure
-            pos = self._skip_elements(value, end) if length == UNDEFINED else value + length
-        raise Unsure
+        if self._depth >= MAX_DEPTH:
+            raise Unsure  # pydicom recurses into these: let it say they nest too deeply
+        self._depth += 1
+        try:
+            pos = start
+            while pos < end:
+                tag, length, value = self._item_header(pos, end)
+                if tag == SEQUENCE_END:
+                    return value
+                if tag != ITEM:
+                    raise Unsure
+                pos = self._skip_elements(value, end) if length == UNDEFINED else value + length
+            raise Unsure
+        finally:
+            self._depth -= 1
 
     def _skip_elements(self, start: int, end: int) -> int:
         """The position after the delimiter that ends an undefined-length item."""
@@ -136,7 +154,10 @@ class Walker:
             raise Unsure
         tag = group << 16 | number
         if self.implicit:
-            return tag, None, _U32.unpack_from(self.data, pos + 4)[0], pos + 8
+            length = _U32.unpack_from(self.data, pos + 4)[0]
+            if length == UNDEFINED and _dictionary_vr(tag) != "SQ":  # pydicom scans for bytes
+                raise Unsure
+            return tag, None, length, pos + 8
         if vr in LONG_VRS:
             if pos + 12 > end:
                 raise Unsure

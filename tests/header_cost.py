@@ -1,4 +1,4 @@
-"""Seconds to parse a multi-frame header: the raw per-frame walker against pydicom alone.
+"""Seconds to parse a header: the raw readers against pydicom alone.
 
 A diagnostic, not a test (pytest does not collect it)::
 
@@ -9,7 +9,9 @@ It builds a synthetic Enhanced-CT-like object with per-frame rescale values
 the layout only (``per_frame=False``, what a large object waits for before its
 reads start), in full as the worker then does (``ingest/dicom_frames.py``
 reads the per-frame values), and with that walker switched off, so pydicom
-reads every frame's functional groups. docs/benchmarks.md quotes it.
+reads every frame's functional groups. Then a CT slice of the bench's series,
+read straight from its bytes (``ingest/dicom_direct.py``) and by pydicom.
+docs/benchmarks.md quotes it.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ from unittest import mock
 
 import ingest.dicom
 import ingest.dicom_rescale
-from ingest.samples import synthetic_multiframe
+from ingest.samples import synthetic_ct_series, synthetic_multiframe
 
 
-def seconds(data: bytes, per_frame: bool = True) -> float:
-    """The best of five parses (the first one warms pydicom up)."""
+def seconds(data: bytes, per_frame: bool = True, repeats: int = 5) -> float:
+    """The best of ``repeats`` parses (the first one warms pydicom up)."""
     times = []
-    for _ in range(5):
+    for _ in range(repeats):
         started = time.perf_counter()
         ingest.dicom.parse_header(data[: 4 << 20], len(data), per_frame=per_frame)
         times.append(time.perf_counter() - started)
@@ -40,6 +42,10 @@ def main() -> None:
     print(f"{frames} frames, with the walker: {seconds(data):.4f} s")
     with mock.patch.object(ingest.dicom_rescale, "per_frame_rescale", return_value=None):
         print(f"{frames} frames, pydicom alone:   {seconds(data):.4f} s")
+    ct = synthetic_ct_series(1)[0][1]
+    print(f"CT slice, read directly:     {seconds(ct, repeats=200) * 1e6:.0f} us")
+    with mock.patch.object(ingest.dicom, "read_plain_header", return_value=None):
+        print(f"CT slice, pydicom alone:     {seconds(ct, repeats=200) * 1e6:.0f} us")
 
 
 if __name__ == "__main__":
