@@ -53,7 +53,7 @@ class Settings:
     part_size: int = 32 * MiB  # docs/configuration.md says why (measured)
     ring_slots: int = 24
     fetch_concurrency: int = 16
-    max_objects_in_flight: int = 32
+    max_objects_in_flight: int = 64  # docs/configuration.md says why (measured)
     batch_max_objects: int = 16
     batch_wait_ms: float = 0.0
     gil_switch_ms: float = 0.5  # sys.setswitchinterval (Python: 5 ms); measured in docs
