@@ -1,7 +1,8 @@
 """Preprocessing of raw stored samples: the NumPy twin and the CuPy entry point.
 
 Both twins give bit-identical results (DESIGN.md 3.4, ``Transform``). Per stored
-sample, in this order, all in float64 until the last step:
+sample, in this order, all in float64 until the last step (the NumPy twin
+works in float32 where that gives the same bits: ``exact_in_float32``):
 
 1. unused-bit correction as pydicom 3's native decoder does it:
    ``x = (x << s) >> s`` in the stored integer type, ``s = bits_allocated - bits_stored``;
@@ -169,21 +170,25 @@ def preprocess_numpy(
     src = raw.view(plan.stored_dtype)
     block = min(plan.n, BLOCK_ELEMENTS)
     ints = np.empty(block, dtype=plan.stored_dtype)
-    floats = np.empty(block, dtype=np.float64)
-    slopes = np.asarray(plan.slopes, dtype=np.float64)
-    intercepts = np.asarray(plan.intercepts, dtype=np.float64)
+    # float32 when every value of the chunk is exact in it: the same bits in a third
+    # of the time (a CT slice: 62 against 176 us on the 2-core machine)
+    work = np.float32 if exact_in_float32(plan) else np.float64
+    floats = np.empty(block, dtype=work)
+    slopes = np.asarray(plan.slopes, dtype=work)
+    intercepts = np.asarray(plan.intercepts, dtype=work)
     # Overflow to inf in the cast (float16 above 65504) is the defined result on
     # both twins, not an error.
     with np.errstate(all="ignore"):
         for start, stop, dest in _blocks(plan, out):
-            y = floats[: stop - start]
+            # float32 work goes straight into a contiguous float32 output
+            direct = dest.dtype == floats.dtype and dest.flags.c_contiguous
+            y = dest if direct else floats[: stop - start]
+            x = src[start:stop]
             if plan.shift:
                 x = ints[: stop - start]
                 np.left_shift(src[start:stop], plan.shift, out=x)
                 np.right_shift(x, plan.shift, out=x)
-                np.copyto(y, x, casting="safe")
-            else:
-                np.copyto(y, src[start:stop], casting="safe")
+            np.copyto(y, x, casting="unsafe")  # exact: float64, or values of < 24 bits
             if plan.flags & F_RESCALE:
                 _rescale(plan, y, plan.first_element + start, slopes, intercepts)
             if plan.flags & F_STEP:
@@ -193,8 +198,33 @@ def preprocess_numpy(
                 np.divide(y, plan.span, out=y)
                 np.add(y, 0.5, out=y)
                 np.clip(y, 0.0, 1.0, out=y)
-            np.copyto(dest, y, casting="same_kind")
+            if not direct:
+                np.copyto(dest, y, casting="same_kind")
     return out
+
+
+def exact_in_float32(plan: ChunkPlan) -> bool:
+    """Whether float32 arithmetic gives this chunk the same bits as the float64 steps.
+
+    It does when nothing is rounded: no window (it divides), and for every frame
+    of the chunk, ``x * slope + intercept`` for every stored ``x`` is a multiple
+    of one power of two 1/D with fewer than 24 bits above it. Then each step is
+    exact in both widths, so they agree, signed zeros included (the same IEEE
+    operations on the same exact values), and so does the one final rounding.
+    """
+    if plan.flags & (F_WINDOW | F_STEP):
+        return False
+    magnitude = 1 << (8 * np.dtype(plan.stored_dtype).itemsize - plan.shift)  # > any |x|
+    if not plan.flags & F_RESCALE:
+        return magnitude < 1 << 24
+    slopes, intercepts = plan.slopes, plan.intercepts
+    for k in range(max(len(slopes), len(intercepts))):
+        ns, ds = slopes[k if len(slopes) > 1 else 0].as_integer_ratio()
+        ni, di = intercepts[k if len(intercepts) > 1 else 0].as_integer_ratio()
+        unit = max(ds, di)  # powers of two: every value is a multiple of 1 / unit
+        if unit > 1 << 64 or magnitude * abs(ns) * (unit // ds) + abs(ni) * (unit // di) >= 1 << 24:
+            return False
+    return True
 
 
 def _blocks(plan: ChunkPlan, out: npt.NDArray[Any]) -> Iterator[tuple[int, int, npt.NDArray[Any]]]:
@@ -216,14 +246,15 @@ def _blocks(plan: ChunkPlan, out: npt.NDArray[Any]) -> Iterator[tuple[int, int, 
 
 def _rescale(
     plan: ChunkPlan,
-    y: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
     element: int,
-    slopes: npt.NDArray[np.float64],
-    intercepts: npt.NDArray[np.float64],
+    slopes: npt.NDArray[Any],
+    intercepts: npt.NDArray[Any],
 ) -> None:
     """``y = y * slope + intercept`` in place; ``y[0]`` is sample ``element`` of the object."""
     if not plan.flags & F_PER_FRAME:
-        np.multiply(y, slopes[0], out=y)
+        if slopes[0] != 1.0:  # x * 1.0 is x, bit for bit (x is never -0.0 here)
+            np.multiply(y, slopes[0], out=y)
         np.add(y, intercepts[0], out=y)
         return
     fe, frame0 = plan.frame_elements, plan.frame0

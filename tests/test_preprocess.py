@@ -287,3 +287,66 @@ def test_a_chunk_plan_carries_only_the_values_of_the_frames_it_covers() -> None:
     plan_chunk(2 * 10, fmt, broken, first_element=4 * 500 + 2)  # frame 900 is not its concern
     with pytest.raises(ValueError, match="finite"):
         plan_chunk(2 * 4, fmt, broken, first_element=4 * 900)
+
+
+DYADIC_SLOPES = st.builds(lambda k, j: k / 2**j, st.integers(-64, 64), st.integers(0, 4))
+DYADIC_INTERCEPTS = st.builds(lambda k, j: k / 2**j, st.integers(-4096, 4096), st.integers(0, 3))
+
+
+@st.composite
+def dyadic_cases(draw: st.DrawFn) -> tuple[PixelFormat, Transform, bytes]:
+    """Rescales whose every value is exact in float32 for narrow samples (CT's 1 and
+    -1024 among them), on every format: the float32 path where it applies."""
+    fmt = draw(formats())
+    count = draw(st.sampled_from([1, fmt.frames]))
+    transform = Transform(
+        slopes=tuple(draw(st.lists(DYADIC_SLOPES, min_size=count, max_size=count))),
+        intercepts=tuple(draw(st.lists(DYADIC_INTERCEPTS, min_size=1, max_size=1))),
+        rescale=draw(st.booleans()),
+        out_dtype=draw(st.sampled_from(["float32", "float16"])),
+    )
+    raw = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).bytes(fmt.total_bytes)
+    return fmt, transform, raw
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=dyadic_cases(), block=st.sampled_from([3, 64, gpu.preprocess.BLOCK_ELEMENTS]))
+def test_the_float32_path_gives_the_float64_paths_bits(
+    case: tuple[PixelFormat, Transform, bytes], block: int
+) -> None:
+    fmt, transform, raw = case
+    with mock.patch.object(gpu.preprocess, "BLOCK_ELEMENTS", block):
+        fast = run(raw, fmt, transform)
+        with mock.patch.object(gpu.preprocess, "exact_in_float32", return_value=False):
+            slow = run(raw, fmt, transform)
+    assert_identical(fast, slow)
+    assert_identical(fast, reference(raw, fmt, transform))
+
+
+@pytest.mark.parametrize(
+    ("bits", "slopes", "intercepts", "window", "exact"),
+    [
+        ((16, 12), (1.0,), (-1024.0,), None, True),  # a CT slice
+        ((16, 16), (0.5, 0.75, 1.0, 1.25), (-1024.0,), None, True),  # the bench's large object
+        ((16, 16), (1.0,), (-1024.0,), (40.0, 400.0), False),  # a window divides
+        ((16, 16), (1 / 3,), (0.0,), None, False),  # not a power-of-two fraction
+        ((16, 16), (255.0,), (0.0,), None, True),  # 2^16 x 255 < 2^24
+        ((16, 16), (256.0,), (0.0,), None, False),  # 2^16 x 256 = 2^24
+        ((32, 32), (1.0,), (0.0,), None, False),  # 32-bit samples do not fit
+        ((32, 20), (1.0,), (0.0,), None, True),  # 20 bits stored do
+        ((16, 16), (2.0**-70,), (0.0,), None, False),  # too fine a unit
+    ],
+)
+def test_which_chunks_take_the_float32_path(
+    bits: tuple[int, int],
+    slopes: tuple[float, ...],
+    intercepts: tuple[float, ...],
+    window: tuple[float, float] | None,
+    exact: bool,
+) -> None:
+    fmt = PixelFormat(2, 2, len(slopes), 1, bits[0], bits[1], True, False)
+    transform = Transform(slopes, intercepts, True, window)
+    plan = plan_chunk(fmt.total_bytes, fmt, transform, 0)
+    assert gpu.preprocess.exact_in_float32(plan) is exact
+    raw = np.random.default_rng(3).bytes(fmt.total_bytes)
+    assert_identical(run(raw, fmt, transform), reference(raw, fmt, transform))
