@@ -40,10 +40,10 @@ from ingest.dicom_header import (
     DicomHeader,
     NeedMoreBytes,
     ShortPrefix,
+    header_of,
     locate_pixels,
     missing,
     pixel_format,
-    text,
 )
 from ingest.dicom_rescale import modality_rescale
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
@@ -203,23 +203,9 @@ def _parse(
     place = locate_pixels(data, pos, implicit, complete, pixel, object_size, max_pixel_bytes)
     step.now = "reading the Modality LUT"
     rescaled = modality_rescale(ds, pixel.frames, per_frame)
-    slopes, intercepts, rescale = rescaled or ((), (), False)
     step.now = "reading the UIDs"
-    return DicomHeader(
-        transfer_syntax_uid=syntax or (IMPLICIT_VR_LE if implicit else EXPLICIT_VR_LE),
-        study_instance_uid=text(ds, "StudyInstanceUID"),
-        series_instance_uid=text(ds, "SeriesInstanceUID"),
-        sop_instance_uid=text(ds, "SOPInstanceUID"),
-        modality=text(ds, "Modality"),
-        photometric_interpretation=photometric,
-        pixel=pixel,
-        transform_slopes=slopes,
-        transform_intercepts=intercepts,
-        rescale=rescale,
-        pixel_offset=place.offset,
-        pixel_length=place.length,
-        per_frame_pending=rescaled is None,
-    )
+    chosen = syntax or (IMPLICIT_VR_LE if implicit else EXPLICIT_VR_LE)
+    return header_of(ds, chosen, pixel, photometric, place, rescaled)
 
 
 def _starts_with_element(data: bytes, object_size: int) -> bool:

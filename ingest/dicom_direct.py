@@ -35,9 +35,9 @@ from ingest.dicom_header import (
     SUPPORTED_TRANSFER_SYNTAXES,
     DicomHeader,
     ShortPrefix,
+    header_of,
     locate_pixels,
     pixel_format,
-    text,
 )
 from ingest.dicom_rescale import slope_intercept
 from ingest.dicom_walk import Unsure, Walker
@@ -138,24 +138,11 @@ def _read(data: bytes, object_size: int, max_pixel_bytes: int) -> DicomHeader:
     pixel, photometric = pixel_format(values, True)
     complete = len(data) == object_size
     place = locate_pixels(data, pos, implicit, complete, pixel, object_size, max_pixel_bytes)
-    slopes, intercepts, rescale = (1.0,), (0.0,), False
+    rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] = ((1.0,), (0.0,), False)
     if "RescaleSlope" in values and "RescaleIntercept" in values:  # as dicom_rescale decides
         slope, intercept = slope_intercept(values)
-        slopes, intercepts, rescale = (slope,), (intercept,), True
-    return DicomHeader(
-        transfer_syntax_uid=syntax,
-        study_instance_uid=text(values, "StudyInstanceUID"),
-        series_instance_uid=text(values, "SeriesInstanceUID"),
-        sop_instance_uid=text(values, "SOPInstanceUID"),
-        modality=text(values, "Modality"),
-        photometric_interpretation=photometric,
-        pixel=pixel,
-        transform_slopes=slopes,
-        transform_intercepts=intercepts,
-        rescale=rescale,
-        pixel_offset=place.offset,
-        pixel_length=place.length,
-    )
+        rescaled = (slope,), (intercept,), True
+    return header_of(values, syntax, pixel, photometric, place, rescaled)
 
 
 def _file_meta(data: bytes) -> tuple[str, int]:

@@ -188,3 +188,30 @@ def locate_pixels(
     if length // pixel.frame_bytes > pixel.frames:  # pydicom would return the extra frames
         raise MalformedDicom("Pixel Data holds more frames than Number of Frames says")
     return PixelPlace(offset, expected)
+
+
+def header_of(
+    values: Values,
+    syntax: str,
+    pixel: PixelFormat,
+    photometric: str,
+    place: PixelPlace,
+    rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] | None,
+) -> DicomHeader:
+    """The header from checked parts; ``rescaled`` None: the per-frame values are pending."""
+    slopes, intercepts, rescale = rescaled or ((), (), False)
+    return DicomHeader(
+        transfer_syntax_uid=syntax,
+        study_instance_uid=text(values, "StudyInstanceUID"),
+        series_instance_uid=text(values, "SeriesInstanceUID"),
+        sop_instance_uid=text(values, "SOPInstanceUID"),
+        modality=text(values, "Modality"),
+        photometric_interpretation=photometric,
+        pixel=pixel,
+        transform_slopes=slopes,
+        transform_intercepts=intercepts,
+        rescale=rescale,
+        pixel_offset=place.offset,
+        pixel_length=place.length,
+        per_frame_pending=rescaled is None,
+    )
