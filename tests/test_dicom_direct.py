@@ -94,6 +94,7 @@ def patch_element(data: bytes, tag: int, vr: bytes, value: bytes) -> bytes:
 
 CT = samples.example_bytes("CT_small.dcm")
 ROWS, PHOTOMETRIC, SLOPE, MODALITY = 0x00280010, 0x00280004, 0x00281053, 0x00080060
+CHARSET = 0x00080005
 
 
 @pytest.mark.parametrize(
@@ -105,6 +106,13 @@ ROWS, PHOTOMETRIC, SLOPE, MODALITY = 0x00280010, 0x00280004, 0x00281053, 0x00080
         ("an empty slope", patch_element(CT, SLOPE, b"DS", b"")),
         ("a slope that is not a number", patch_element(CT, SLOPE, b"DS", b"one ")),
         ("lower case in a code", patch_element(CT, MODALITY, b"CS", b"ct")),
+        ("a NUL in the character set", patch_element(CT, CHARSET, b"CS", b"IS\0_IR 100")),
+        ("an unknown character set", patch_element(CT, CHARSET, b"CS", b"ISO_IR 999")),
+        ("a character set in another VR", patch_element(CT, CHARSET, b"KS", b"ISO_IR 100")),
+        (
+            "a meta VR pydicom cannot convert",
+            CT.replace(b"\x02\x00\x00\x00UL", b"\x02\x00\x00\x00UM", 1),
+        ),
         ("no DICM", b"\0" * 132 + CT[132:]),
         ("a Modality LUT Sequence", insert_before_pixels(CT, b"\x28\x00\x00\x30SQ\0\0\0\0\0\0")),
         ("a delimiter at the top level", insert_before_pixels(CT, b"\xfe\xff\x0d\xe0\0\0\0\0")),
@@ -153,7 +161,7 @@ def mutated_headers(draw: st.DrawFn) -> bytes:
 
 
 @settings(
-    max_examples=400, deadline=None, derandomize=True,
+    max_examples=1000, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )  # fmt: skip
 @given(mutated_headers())
