@@ -56,6 +56,9 @@ MAX_VERSION_RETRIES = 3
 DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
 HOST_CHUNK_BYTES = 16 * 1024 * 1024
 HOST_WINDOW_BYTES = 32 * 1024 * 1024
+# A header longer than the probe: the prefix grows at least this many times over per
+# GET (each is a round trip before the first range; the object is larger than a part).
+HEADER_GROWTH = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +151,7 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     started = time.perf_counter()
     where = await ctx.source.locate(ref.bucket, ref.key, ref.version_id)
     expected = ref.size if ref.size else ctx.settings.part_size  # a hint; the answer decides
-    first = first_read(expected, ctx.settings.part_size)
+    first = first_read(expected, ctx.settings.part_size, ctx.settings.max_header_bytes)
     npy_key, json_key = output_keys(ctx.settings, ref.bucket, ref.key)
     slot = await ctx.ring.acquire(first.length)  # a small slot when it fits one
     parse = functools.partial(_parse_and_hash, settings=ctx.settings)
@@ -271,10 +274,10 @@ def _job(
 async def _read_header(
     ctx: Context, obj: Located, probe: memoryview
 ) -> tuple[DicomHeader, bytes | None, SourceDigest]:
-    """The header's layout from the probe (re-reading a growing prefix while the parser
-    asks), a hasher that has taken the bytes before the Pixel Data, and a copy of the
-    prefix when per-frame values are still to be read from it (``_large`` does that
-    while the first chunks arrive)."""
+    """The header's layout from the probe (reading on, at least ``HEADER_GROWTH`` times
+    the prefix per GET, while the parser asks for more), a hasher that has taken the
+    bytes before the Pixel Data, and a copy of the prefix when per-frame values are
+    still to be read from it (``_large`` does that while the first chunks arrive)."""
     size = obj.head.size
     prefix: memoryview | bytearray = probe
     while True:
@@ -291,14 +294,16 @@ async def _read_header(
         if length >= size:
             raise MalformedDicom("the header does not end inside the object")
         limit = ctx.settings.max_header_bytes
-        next_length = min(size, max(parsed.at_least, min(length * 2, limit)))
+        next_length = min(size, max(parsed.at_least, min(length * HEADER_GROWTH, limit)))
         if next_length > limit:
             raise LimitExceeded(f"DICOM header larger than {ctx.settings.max_header_bytes} bytes")
-        prefix = bytearray(next_length)
+        grown = bytearray(next_length)  # only the bytes not read yet are fetched
+        grown[:length] = prefix
         async with ctx.fetch_limit:
             await ctx.source.read_into(
-                obj.where, obj.head, ByteRange(0, next_length), memoryview(prefix)
+                obj.where, obj.head, ByteRange(length, next_length), memoryview(grown)[length:]
             )
+        prefix = grown
 
 
 def _parse_in_full(prefix: bytes, size: int, settings: Settings) -> DicomHeader:

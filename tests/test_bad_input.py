@@ -428,7 +428,8 @@ async def test_mutated_objects_each_get_one_outcome(stack: Stack) -> None:
 async def test_header_under_an_uneven_limit_is_read(stack: Stack) -> None:
     """A 150 KiB header under a 200 KiB limit, in an object larger than the limit.
 
-    The prefix grows 64 -> 128 KiB, then to the limit (200 KiB), not past it.
+    The prefix grows from the 64 KiB probe (one part) to the limit (200 KiB; four times
+    the probe would pass it), not past it.
     """
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)

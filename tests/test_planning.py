@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from gpu.formats import PixelFormat
 from ingest.errors import LimitExceeded
 from ingest.pipeline import DevicePlan, device_plan
-from ingest.planning import ByteRange, chunk_pixels, first_read, split_range
+from ingest.planning import HEADER_PROBE_BYTES, ByteRange, chunk_pixels, first_read, split_range
+from ingest.ring import SMALL_SLOT_SIZE
 from ingest.settings import load_settings
 from ingest.sink import MAX_PARTS, MIN_PART, output_part_size
 
@@ -31,10 +32,12 @@ def test_http_range_is_inclusive() -> None:
 
 
 def test_first_read_small_and_large() -> None:
-    assert first_read(500_000, 8 * MiB) == ByteRange(0, 500_000)
-    probe = first_read(100 * MiB, 8 * MiB)
-    assert probe.start == 0
-    assert probe.length < 8 * MiB
+    assert first_read(500_000, 8 * MiB, 16 * MiB) == ByteRange(0, 500_000)
+    assert first_read(100 * MiB, 8 * MiB, 16 * MiB) == ByteRange(0, HEADER_PROBE_BYTES)
+    assert HEADER_PROBE_BYTES == SMALL_SLOT_SIZE  # the probe takes one small slot
+    # never longer than the header bound (so a longer header is refused) or a part
+    assert first_read(100 * MiB, 8 * MiB, 256 * 1024) == ByteRange(0, 256 * 1024)
+    assert first_read(100 * MiB, 512 * 1024, 16 * MiB) == ByteRange(0, 512 * 1024)
 
 
 @given(st.integers(0, 10**7), st.integers(1, 10**7), st.integers(10**3, 10**6))
