@@ -42,7 +42,7 @@ from ingest.planning import ByteRange, PixelChunk, chunk_pixels, first_read, spl
 from ingest.ring import PinnedRing, Slot
 from ingest.settings import Settings
 from ingest.sink import ArrayWriter, DiscardWriter, OutputSink, output_keys
-from ingest.source_digest import SourceDigest
+from ingest.source_digest import Digests, SourceDigest
 
 MAX_VERSION_RETRIES = 3
 # How a large object's Pixel Data goes to the device: chunks of how many source bytes,
@@ -91,7 +91,7 @@ class Processed:
     ref: ObjectRef
     head: ObjectHead
     header: DicomHeader
-    sha256: str | None  # None with ``source_hash=none``
+    digests: Digests  # of the source bytes, under ``source_hash``
     backend: str
     output_key: str
     sidecar_key: str
@@ -176,10 +176,10 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     if not small:
         done = await _large(ctx, obj, layout, prefix, hasher, npy_key)
         done[3].parse_s = parse_s
-    header, digest, backend, timings = done
+    header, digests, backend, timings = done
     timings.first_get_s = first_s
     timings.total_s = time.perf_counter() - started
-    return Processed(ref, head, header, digest, backend, npy_key, json_key, timings)
+    return Processed(ref, head, header, digests, backend, npy_key, json_key, timings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +195,7 @@ class Located:
         return Target(self.ref, self.head)
 
 
-_Done = tuple[DicomHeader, str | None, str, Timings]
+_Done = tuple[DicomHeader, Digests, str, Timings]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +203,7 @@ class _Parsed:
     """A whole object's header and source digest, and the seconds they took (in a thread)."""
 
     header: DicomHeader
-    digest: str | None
+    digests: Digests
     seconds: float
 
 
@@ -213,14 +213,14 @@ def _parse_and_hash(data: memoryview, settings: Settings) -> _Parsed:
     header = parse_header(data, len(data), max_header_bytes=settings.max_header_bytes)
     if isinstance(header, NeedMoreBytes):
         raise MalformedDicom("the header does not end inside the object")
-    digest = SourceDigest(settings, data).hexdigest()
-    return _Parsed(header, digest, time.perf_counter() - started)
+    digests = SourceDigest(settings, len(data), data).digests()
+    return _Parsed(header, digests, time.perf_counter() - started)
 
 
 async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _Parsed) -> _Done:
     """The whole object is in ``slot`` (the caller releases it), parsed."""
     timings = Timings(parse_s=parsed.seconds)
-    header, digest = parsed.header, parsed.digest
+    header, digests = parsed.header, parsed.digests
     data = slot.view[: obj.head.size]
     pixels = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
     t = time.perf_counter()
@@ -228,7 +228,7 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _
         result = await ctx.device.process(_job(ctx, obj.target, header, slot, pixels, 0))
         timings.device_s = time.perf_counter() - t
         await out.write(result.host)  # None when the sink is off: a hook has the values
-    return header, digest, ctx.device.backend, timings
+    return header, digests, ctx.device.backend, timings
 
 
 def _job(
@@ -288,7 +288,7 @@ async def _read_header(
             )
         )  # fmt: skip
         if isinstance(parsed, DicomHeader):
-            hasher = SourceDigest(ctx.settings, memoryview(prefix)[: parsed.pixel_offset])
+            hasher = SourceDigest(ctx.settings, size, memoryview(prefix)[: parsed.pixel_offset])
             return parsed, bytes(prefix) if parsed.per_frame_pending else None, hasher
         length = len(prefix)
         if length >= size:
@@ -337,7 +337,7 @@ async def _large(
     t = time.perf_counter()
     async with (
         ctx.sink.array(npy_key, layout.pixel.shape, ctx.settings.output_dtype) as out,
-        _ordered_reads(ctx, obj, [c.range for c in chunks]) as reads,
+        _ordered_reads(ctx, obj, [c.range for c in chunks], hasher) as reads,
     ):
         header = layout
         if prefix is not None:  # counted in device_s: the first ranges arrive meanwhile
@@ -346,14 +346,18 @@ async def _large(
             )
         await _pipelined_chunks(ctx, target, header, hasher, out, chunks, reads)
     if hasher.enabled:  # the bytes after the Pixel Data matter only to the hash
-        async with _ordered_reads(ctx, obj, trailer) as reads:
+        async with _ordered_reads(ctx, obj, trailer, hasher) as reads:
+            index = 0
             async for slot, view in reads:
                 try:
-                    await anyio.to_thread.run_sync(hasher.update, view)
+                    if hasher.in_order:
+                        start = trailer[index].start
+                        await anyio.to_thread.run_sync(hasher.update, start, view)
                 finally:
                     slot.release()
+                index += 1
     timings.device_s = time.perf_counter() - t
-    return header, hasher.hexdigest(), ctx.device.backend, timings
+    return header, hasher.digests(), ctx.device.backend, timings
 
 
 async def _pipelined_chunks(
@@ -367,8 +371,9 @@ async def _pipelined_chunks(
 ) -> None:
     """Each chunk goes to the device as soon as it is read, up to ``device_plan``'s window
     of this object in flight, so copies and kernels of one object overlap (one chunk at a
-    time left the device idle between round trips). The hash takes the chunks in order
-    while the device works, and results are written in order.
+    time left the device idle between round trips). The plain SHA-256 takes the chunks in
+    order while the device works (the tree hash took them as they were read), and
+    results are written in order.
 
     A slot is shared: the device's reference goes when its copy is done, ours when the
     chunk is hashed (``to_thread.run_sync`` is not abandoned on cancellation, so the
@@ -382,8 +387,9 @@ async def _pipelined_chunks(
             try:
                 job = _job(ctx, target, header, slot, view, chunks[index].first_element)
                 in_flight.append(await ctx.device.submit(job))
-                if hasher.enabled:
-                    await anyio.to_thread.run_sync(hasher.update, view)
+                if hasher.in_order:
+                    start = chunks[index].range.start
+                    await anyio.to_thread.run_sync(hasher.update, start, view)
             finally:
                 slot.release()
             index += 1
@@ -397,14 +403,22 @@ async def _pipelined_chunks(
 
 
 def _ordered_reads(
-    ctx: Context, obj: Located, ranges: list[ByteRange]
+    ctx: Context, obj: Located, ranges: list[ByteRange], hasher: SourceDigest
 ) -> AbstractAsyncContextManager[InOrder]:
     """``ordered_reads`` of this object's ``ranges``, at most ``fetch_concurrency`` at once
-    across all objects, started up to twice that ahead (three quarters of the ring at most)."""
+    across all objects, started up to twice that ahead (three quarters of the ring at most).
+
+    A hash that takes ranges in any order (the tree hash) takes each one in a worker
+    thread right after its GET (outside the fetch permit), so the ranges in flight are
+    hashed on as many cores; the consumer gets the range once it is hashed.
+    """
 
     async def read(byte_range: ByteRange, into: memoryview) -> None:
         async with ctx.fetch_limit:
             await ctx.source.read_into(obj.where, obj.head, byte_range, into)
+        if hasher.any_order:
+            data = into[: byte_range.length]
+            await anyio.to_thread.run_sync(hasher.update, byte_range.start, data)
 
     ahead = max(1, min(2 * ctx.settings.fetch_concurrency, ctx.ring.stats().slots * 3 // 4))
     return ordered_reads(ctx.ring, ranges, read, ahead)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import uuid
 
 import numpy as np
 import pytest
+from botocore.utils import calculate_tree_hash
 
 from gpu.thread import cuda_unavailable_reason
 from ingest.samples import synthetic_ct_series, synthetic_multiframe
@@ -28,7 +30,7 @@ DEVICES = [
 ]
 
 
-@pytest.mark.parametrize("source_hash", ["sha256", "none"])
+@pytest.mark.parametrize("source_hash", ["sha256", "sha256-tree", "none"])
 @pytest.mark.parametrize("device", DEVICES)
 async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
     stack: Stack, device: str, source_hash: str
@@ -37,6 +39,7 @@ async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
     harness.prepare(stack, names)
     objects = dict(synthetic_ct_series(2, rows=64, columns=64))
     objects["big/mf.dcm"] = synthetic_multiframe(9, 96, 128)  # several 64 KiB chunks
+    objects["big/mf2.dcm"] = synthetic_multiframe(24, 192, 128)  # 1.2 MB: two tree leaves
     await harness.upload(stack, names.source_bucket, objects.items())
     await harness.publish(
         stack,
@@ -68,9 +71,11 @@ async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
     results = await harness.read_json_topic(stack, names.results_topic)
     assert len(results) == len(objects)
     assert all(r["output"] is None for r in results)
-    for r in results:  # the source digest is exact, or absent when turned off
-        want = harness.sha256(objects[r["source"]["key"]]) if source_hash == "sha256" else None
-        assert r["source"]["sha256"] == want
+    for r in results:  # the source digest asked for is exact; the other is absent
+        data = objects[r["source"]["key"]]
+        sha256 = harness.sha256(data) if source_hash == "sha256" else None
+        tree = calculate_tree_hash(io.BytesIO(data)) if source_hash == "sha256-tree" else None
+        assert (r["source"]["sha256"], r["source"]["sha256_tree"]) == (sha256, tree)
     async with harness.s3_client(stack) as s3:
         listing = await s3.list_objects_v2(Bucket=names.output_bucket)
     assert listing.get("KeyCount", 0) == 0  # nothing left the device

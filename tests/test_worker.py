@@ -9,10 +9,12 @@ restarted worker neither redoes committed work nor skips uncommitted work.
 
 from __future__ import annotations
 
+import io
 import uuid
 
 import numpy as np
 import pytest
+from botocore.utils import calculate_tree_hash
 
 from ingest.audit import open_envelope, verify_chain
 from ingest.samples import (
@@ -140,6 +142,41 @@ async def test_outputs_sidecars_results_audit_and_dead_letters(
     for key, record in audited.items():
         assert record["sop_instance_uid"] == results[key]["sop_instance_uid"]
         assert record["etag"] == results[key]["source"]["etag"]
+
+
+async def test_tree_hash_of_every_object_whatever_order_its_ranges_arrive(stack: Stack) -> None:
+    """``source_hash=sha256-tree``: the sidecar's ``sha256_tree`` is botocore's tree hash of
+    the object (its ranges hashed as they were read, at 64 KiB parts), and ``sha256`` null;
+    the arrays are unchanged."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    objects = corpus()
+    padding = b"\xfc\xff\xfc\xffOB\x00\x00" + (300_000).to_bytes(4, "little") + bytes(300_000)
+    objects["trailer/mf.dcm"] = synthetic_multiframe(6, 96, 128) + padding  # read for the hash
+    objects["leaves/mf.dcm"] = synthetic_multiframe(40, 192, 128)  # 2 MB: two leaves and a bit
+    await harness.upload(stack, names.source_bucket, objects.items())
+    await harness.publish(
+        stack,
+        names.source_topic,
+        [harness.aws_notification(names.source_bucket, [k]) for k in objects],
+    )
+    settings = harness.make_settings(stack, names, source_hash="sha256-tree")
+
+    run = await harness.run_worker(settings, stop_after=len(objects))
+
+    assert all(o.processed for o in run.outcomes)
+    results = harness.by_key(await harness.read_json_topic(stack, names.results_topic))
+    assert sorted(results) == sorted(objects)
+    for key, data in objects.items():
+        source = results[key]["source"]
+        assert source["sha256"] is None, key
+        assert source["sha256_tree"] == calculate_tree_hash(io.BytesIO(data)), key
+        out = harness.load_npy(
+            await harness.get_object(
+                stack, names.output_bucket, f"out/{names.source_bucket}/{key}.npy"
+            )
+        )
+        assert out.tobytes() == reference_array(data, None, "float32").tobytes(), key
 
 
 @pytest.mark.parametrize("graceful", [True, False], ids=["sigterm-like", "crash-like"])
