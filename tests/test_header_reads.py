@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, cast
+from types import SimpleNamespace
+from typing import cast
 
 import anyio
 import pytest
@@ -51,8 +52,8 @@ def _context(source: RecordingSource, max_header_bytes: int) -> Context:
             "DICOM_INGEST_MAX_HEADER_BYTES": str(max_header_bytes),
         }
     )
-    fake: Any = type("Ctx", (), {})()
-    fake.settings, fake.source, fake.fetch_limit = settings, source, anyio.CapacityLimiter(1)
+    # _read_header uses these three of the context's services
+    fake = SimpleNamespace(settings=settings, source=source, fetch_limit=anyio.CapacityLimiter(1))
     return cast(Context, fake)
 
 
