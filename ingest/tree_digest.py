@@ -49,6 +49,8 @@ class TreeDigest:
         end = start + len(view)
         if start < 0 or end > self._size:
             raise ValueError(f"bytes {start}-{end} are outside an object of {self._size}")
+        if start == end:
+            return
         for leaf in range(start // LEAF_BYTES, -(-end // LEAF_BYTES)):
             leaf_start = leaf * LEAF_BYTES
             leaf_end = min(leaf_start + LEAF_BYTES, self._size)

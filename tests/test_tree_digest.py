@@ -65,6 +65,14 @@ def test_an_object_of_one_leaf_has_its_plain_sha256(size: int) -> None:
     assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
 
 
+def test_no_bytes_add_nothing() -> None:
+    data = _data(2 * MiB, 5)
+    digest = TreeDigest(len(data))
+    digest.add(MiB + 10, b"")  # inside a leaf: no piece that a later range would overlap
+    digest.add(0, data)
+    assert digest.hexdigest() == calculate_tree_hash(io.BytesIO(data))
+
+
 def test_missing_bytes_are_refused() -> None:
     digest = TreeDigest(3 * MiB)
     digest.add(0, bytes(MiB + 10))
