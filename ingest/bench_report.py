@@ -189,6 +189,15 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def measured_text(target: dict[str, Any]) -> str:
+    """A target's measured value as the table prints it; ratios to three decimals, so that
+    0.996x is not printed as a missed 1.00x."""
+    if target["value"] is None:
+        return "-"
+    digits = 3 if target["unit"] == "x" else 2
+    return f"{_fmt(target['value'], digits)} {target['unit']}"
+
+
 def print_tables(console: Console, report: dict[str, Any]) -> None:
     """Per-workload figures, then the ratios and the targets."""
     for workload, readers in report["results"].items():
@@ -242,9 +251,8 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
         goals.add_column(column, justify="right" if column == "measured" else "left")
     colour = {"met": "green", "missed": "red"}
     for t in report["targets"]:
-        value = f"{_fmt(t['value'])} {t['unit']}" if t["value"] is not None else "-"
         style = colour.get(t["status"], "yellow")
-        goals.add_row(t["target"], value, t["goal"], f"[{style}]{t['status']}")
+        goals.add_row(t["target"], measured_text(t), t["goal"], f"[{style}]{t['status']}")
     console.print(goals)
     for note in report.get("notes", []):
         console.print(f"note: {note}")

@@ -24,7 +24,7 @@ from ingest.bench import BenchConfig, run_bench
 from ingest.bench_gpu import kvikio_missing
 from ingest.bench_measure import TreeMeter, percentile, process_tree
 from ingest.bench_readers import plan_ranges
-from ingest.bench_report import scaling, targets
+from ingest.bench_report import measured_text, scaling, targets
 from ingest.bench_scaled import GapWatch
 from ingest.bench_workloads import BenchObject, Workload
 from ingest.cli import main
@@ -184,6 +184,12 @@ def test_scaling_ratios_and_targets() -> None:
     out = found["scale-out: CT ours-hook p2 / p1, GPUs 0,1"]
     assert (out["goal"], out["status"]) == (">= 1.8", "met")
     assert not any(name.startswith("scale-out: CT ours p") for name in found)
+
+
+def test_a_ratio_just_below_its_goal_does_not_print_as_the_goal() -> None:
+    assert measured_text({"value": 0.9962, "unit": "x"}) == "0.996 x"
+    assert measured_text({"value": 729.061, "unit": "MB"}) == "729.06 MB"
+    assert measured_text({"value": None, "unit": "x"}) == "-"
 
 
 def test_tree_meter_reads_a_worker_process() -> None:
