@@ -6,9 +6,16 @@ chunk's kernel: ``array`` is a CuPy array on the worker's device (a NumPy array
 on the CPU backend) holding ``elements`` values of the object's output, starting
 at flat index ``first_element`` of ``shape``. Small objects arrive as one
 chunk; large ones as several, in order. The hook runs on the thread that owns
-the device, so it may launch CuPy work (or hand the array to PyTorch through
-DLPack without a copy); it should be quick, because the next chunk waits for
-it. What it raises dead-letters the object (reason ``processing``).
+the device, so it may launch CuPy work; it should be quick, because the next
+chunk waits for it. What it raises dead-letters the object (reason
+``processing``).
+
+The values are ready when the hook is called (the device thread has waited for
+the chunk's kernel), so any stream may read them. Each chunk's array is a new
+one from CuPy's memory pool, never reused while something refers to it: a hook
+may keep it, or ``torch.from_dlpack(chunk.array)``, which shares its memory
+without a copy (``tests/test_hook.py`` runs both on CUDA). What a hook keeps
+stays in GPU memory until it lets go.
 
 With ``DICOM_INGEST_SINK=none`` nothing is written to S3 and the arrays never
 leave the GPU: the real-time analysis case. The result event and the audit

@@ -1,8 +1,9 @@
-"""A user hook for tests: keeps a host copy of every chunk it is handed."""
+"""User hooks for tests: one keeps a host copy of every chunk, one the chunk as a PyTorch tensor."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -18,3 +19,14 @@ def collect(chunk: HookChunk) -> None:
     array = chunk.array
     host = array.get() if hasattr(array, "get") else np.array(array, copy=True)
     CHUNKS.append((chunk, host))
+
+
+TENSORS: list[tuple[HookChunk, Any, bool]] = []
+
+
+def into_torch(chunk: HookChunk) -> None:
+    """Takes each chunk into PyTorch through DLPack and keeps the tensor past the call."""
+    import torch
+
+    tensor = torch.from_dlpack(chunk.array)
+    TENSORS.append((chunk, tensor, tensor.data_ptr() == chunk.array.data.ptr))

@@ -79,3 +79,38 @@ async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
     async with harness.s3_client(stack) as s3:
         listing = await s3.list_objects_v2(Bucket=names.output_bucket)
     assert listing.get("KeyCount", 0) == 0  # nothing left the device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_unavailable_reason() is not None, reason="no CUDA")
+async def test_a_hook_takes_the_chunks_into_pytorch_without_a_copy(stack: Stack) -> None:
+    """``torch.from_dlpack`` on the hook's array shares its memory, and a tensor the hook
+    keeps still holds its chunk's values after the worker has gone on and stopped."""
+    torch = pytest.importorskip("torch")
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    objects = dict(synthetic_ct_series(3, rows=64, columns=64))
+    objects["big/mf.dcm"] = synthetic_multiframe(9, 96, 128)  # several chunks
+    await harness.upload(stack, names.source_bucket, objects.items())
+    await harness.publish(
+        stack,
+        names.source_topic,
+        [harness.aws_notification(names.source_bucket, [k]) for k in objects],
+    )
+    hook_probe.TENSORS.clear()
+    settings = harness.make_settings(
+        stack, names, device="cuda", sink="none", hook="tests.hook_probe:into_torch"
+    )
+    run = await harness.run_worker(settings, stop_after=len(objects))
+    assert all(o.processed for o in run.outcomes)
+    assert len({c[0].key for c in hook_probe.TENSORS}) == len(objects)
+    assert all(shared for _, _, shared in hook_probe.TENSORS)
+    for key, data in objects.items():
+        chunks = sorted(
+            (c for c in hook_probe.TENSORS if c[0].key == key), key=lambda c: c[0].first_element
+        )
+        assert all(t.is_cuda and t.dtype == torch.float32 for _, t, _ in chunks)
+        values = torch.cat([t for _, t, _ in chunks]).cpu().numpy()
+        expected = reference_array(data, None, "float32")
+        assert values.tobytes() == expected.ravel().tobytes(), key
+    hook_probe.TENSORS.clear()
