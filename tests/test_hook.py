@@ -30,22 +30,28 @@ DEVICES = [
 ]
 
 
-@pytest.mark.parametrize("source_hash", ["sha256", "sha256-tree", "none"])
-@pytest.mark.parametrize("device", DEVICES)
-async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
-    stack: Stack, device: str, source_hash: str
-) -> None:
+async def _published(stack: Stack, objects: dict[str, bytes]) -> harness.Names:
+    """Fresh buckets and topics, ``objects`` uploaded and a notification for each published."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
-    objects = dict(synthetic_ct_series(2, rows=64, columns=64))
-    objects["big/mf.dcm"] = synthetic_multiframe(9, 96, 128)  # several 64 KiB chunks
-    objects["big/mf2.dcm"] = synthetic_multiframe(24, 192, 128)  # 1.2 MB: two tree leaves
     await harness.upload(stack, names.source_bucket, objects.items())
     await harness.publish(
         stack,
         names.source_topic,
         [harness.aws_notification(names.source_bucket, [k]) for k in objects],
     )
+    return names
+
+
+@pytest.mark.parametrize("source_hash", ["sha256", "sha256-tree", "none"])
+@pytest.mark.parametrize("device", DEVICES)
+async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
+    stack: Stack, device: str, source_hash: str
+) -> None:
+    objects = dict(synthetic_ct_series(2, rows=64, columns=64))
+    objects["big/mf.dcm"] = synthetic_multiframe(9, 96, 128)  # several 64 KiB chunks
+    objects["big/mf2.dcm"] = synthetic_multiframe(24, 192, 128)  # 1.2 MB: two tree leaves
+    names = await _published(stack, objects)
     hook_probe.CHUNKS.clear()
     settings = harness.make_settings(
         stack,
@@ -87,16 +93,9 @@ async def test_a_hook_takes_the_chunks_into_pytorch_without_a_copy(stack: Stack)
     """``torch.from_dlpack`` on the hook's array shares its memory, and a tensor the hook
     keeps still holds its chunk's values after the worker has gone on and stopped."""
     torch = pytest.importorskip("torch")
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
     objects = dict(synthetic_ct_series(3, rows=64, columns=64))
     objects["big/mf.dcm"] = synthetic_multiframe(9, 96, 128)  # several chunks
-    await harness.upload(stack, names.source_bucket, objects.items())
-    await harness.publish(
-        stack,
-        names.source_topic,
-        [harness.aws_notification(names.source_bucket, [k]) for k in objects],
-    )
+    names = await _published(stack, objects)
     hook_probe.TENSORS.clear()
     settings = harness.make_settings(
         stack, names, device="cuda", sink="none", hook="tests.hook_probe:into_torch"
