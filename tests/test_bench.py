@@ -186,6 +186,24 @@ def test_scaling_ratios_and_targets() -> None:
     assert not any(name.startswith("scale-out: CT ours p") for name in found)
 
 
+def test_the_rss_target_of_a_worker_process_leaves_the_bench_process_out() -> None:
+    ring = 805_306_368
+    worker = _scaled_entry(1.8, None)
+    worker.update(ring_bytes_per_process=ring, processes=1)
+    worker["median"]["child_peak_rss_bytes"] = ring + 280e6
+    in_process = {"status": "ok", "ring_bytes": ring, "median": {"peak_rss_bytes": ring + 730e6}}
+    report: dict[str, Any] = {
+        "machine": {"gpu": "H200"},
+        "ratios": [],
+        "results": {"large": {"ours-hook": in_process, "ours-hook-p1": worker}},
+    }
+    found = {t["target"]: t for t in targets(report)}
+    bench = found["large: ours-hook peak RSS - ring (the bench's process)"]
+    assert (bench["value"], bench["status"]) == (pytest.approx(730.0), "missed")
+    own = found["large: ours-hook-p1 peak RSS - ring (a worker process)"]
+    assert (own["value"], own["status"]) == (pytest.approx(280.0), "met")
+
+
 def test_a_ratio_just_below_its_goal_does_not_print_as_the_goal() -> None:
     assert measured_text({"value": 0.9962, "unit": "x"}) == "0.996 x"
     assert measured_text({"value": 729.061, "unit": "MB"}) == "729.06 MB"
