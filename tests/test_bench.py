@@ -99,12 +99,17 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
         assert any("matplotlib" in n for n in on_disk["notes"])
 
 
+# Enough slices that each of two worker processes spends several clock ticks (10 ms) of
+# CPU in a pass: with 4, a process could finish its share inside one tick and read 0 s.
+SCALED_SLICES = 24
+
+
 @pytest.mark.anyio
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Path) -> None:
     config = BenchConfig(
-        out=tmp_path, workloads=("ct",), readers=(), ct_count=4, repeats=1, plots=False,
+        out=tmp_path, workloads=("ct",), readers=(), ct_count=SCALED_SLICES, repeats=1, plots=False,
         processes=(2,),
     )  # fmt: skip
     output = io.StringIO()
@@ -122,13 +127,13 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
             assert entry["median"][key] > 0, (label, key)
         (run,) = entry["runs"]
         assert len(run["child_peak_rss_each"]) == 2
-        assert sum(run["backends"].values()) == 4  # "cpu" here, "cuda" on the GPU machine
-        assert entry["latency_burst"]["count"] == 4
+        assert sum(run["backends"].values()) == SCALED_SLICES  # "cpu" here, "cuda" on a GPU
+        assert entry["latency_burst"]["count"] == SCALED_SLICES
         paced = entry["latency_paced"]
-        assert paced["count"] == 4
+        assert paced["count"] == SCALED_SLICES
         # the result records' own timestamps: after the publish, before the arrival (ms)
         assert 0 < paced["to_result_record"]["p50_ms"] <= paced["max_ms"] + 1.0
-        assert sum(row[1] for row in paced["over_time"]) == 4
+        assert sum(row[1] for row in paced["over_time"]) == SCALED_SLICES
         assert entry["latency_burst"]["p50_ms"] > 0
         assert entry["result_gaps"]["given_up"] == 0
     assert {(r["label"], r["over_p1"]) for r in on_disk["scaling"]} == {
