@@ -43,11 +43,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from ingest import bench_gpu
 from ingest.bench_measure import Meter, MiB, load_watch, machine_info, summarize
 from ingest.bench_ours import HOOK_SPEC, OursRunner
+from ingest.bench_plots import plots
 from ingest.bench_readers import CurlReader, NaiveReader, Reader, ThreadsReader, curl_missing
 from ingest.bench_report import (
     method,
     notes,
-    plots,
     print_tables,
     ratios,
     scaling,

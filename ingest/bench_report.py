@@ -1,4 +1,4 @@
-"""The benchmark's outputs: ratios against the issue's targets, the printed tables, JSON, PNGs.
+"""The benchmark's outputs: ratios against the issue's targets, the printed tables, JSON.
 
 Ratios compare medians of the measured repeats on both sides (the JSON also
 keeps every run and the best). A target is judged only on the kind of machine
@@ -24,7 +24,7 @@ SCALED = re.compile(r"^(?P<mode>ours|ours-hook)-p(?P<processes>\d+)$")  # bench_
 SCALE_EFFICIENCY = 0.9  # scale-out goal: pN >= 0.9 x N x p1 (1.8x for two workers on two GPUs)
 
 
-def _median(report: dict[str, Any], workload: str, reader: str, key: str) -> float | None:
+def median_of(report: dict[str, Any], workload: str, reader: str, key: str) -> float | None:
     entry = report["results"].get(workload, {}).get(reader, {})
     if entry.get("status") != "ok":
         return None
@@ -40,11 +40,11 @@ def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Per workload and mode of ours: / fastest ceiling, / naive, / kvikio-raw, / kvikio."""
     rows = []
     for workload in report["results"]:
-        ceilings = {c: _median(report, workload, c, "gb_per_s") for c in CEILINGS}
+        ceilings = {c: median_of(report, workload, c, "gb_per_s") for c in CEILINGS}
         present = {c: v for c, v in ceilings.items() if v is not None}
         fastest = max(present, key=lambda c: present[c]) if present else None
         for mode in MODES:
-            ours = _median(report, workload, mode, "gb_per_s")
+            ours = median_of(report, workload, mode, "gb_per_s")
             if ours is None:
                 continue
             rows.append(
@@ -54,12 +54,14 @@ def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
                     "ours_gb_per_s": ours,
                     "fastest_ceiling": fastest,
                     "ours_over_ceiling": _ratio(ours, present.get(fastest) if fastest else None),
-                    "ours_over_naive": _ratio(ours, _median(report, workload, "naive", "gb_per_s")),
+                    "ours_over_naive": _ratio(
+                        ours, median_of(report, workload, "naive", "gb_per_s")
+                    ),
                     "ours_over_kvikio_raw": _ratio(
-                        ours, _median(report, workload, "kvikio-raw", "gb_per_s")
+                        ours, median_of(report, workload, "kvikio-raw", "gb_per_s")
                     ),
                     "ours_over_kvikio": _ratio(
-                        ours, _median(report, workload, "kvikio", "gb_per_s")
+                        ours, median_of(report, workload, "kvikio", "gb_per_s")
                     ),
                 }
             )
@@ -91,7 +93,7 @@ def scaling(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _ours(report: dict[str, Any], workload: str, mode: str) -> dict[str, Any]:
+def ours_entry(report: dict[str, Any], workload: str, mode: str) -> dict[str, Any]:
     entry: dict[str, Any] = report["results"].get(workload, {}).get(mode, {})
     return entry if entry.get("status") == "ok" else {}
 
@@ -120,7 +122,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
     ref = report.get("h2d_reference", {}).get("part", {}).get("gb_per_s")
     for mode in MODES:
-        if not any(_ours(report, w, mode) for w in report["results"]):
+        if not any(ours_entry(report, w, mode) for w in report["results"]):
             continue
         by = {r["workload"]: r for r in report["ratios"] if r["mode"] == mode}
         large = by.get("large", {})
@@ -131,17 +133,17 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         v = large.get("ours_over_ceiling")
         add(f"large: {mode} / fastest raw reader", "cpu", v, ">= 0.8", v is not None and v >= 0.8,
             "x")  # fmt: skip
-        v = _median(report, "ct", mode, "objects_per_s")
+        v = median_of(report, "ct", mode, "objects_per_s")
         add(f"CT: {mode} objects/s", "gpu", v, ">= 2000", v is not None and v >= 2000, "obj/s")
-        v = _ours(report, "ct", mode).get("latency_paced", {}).get("p99_ms")
+        v = ours_entry(report, "ct", mode).get("latency_paced", {}).get("p99_ms")
         add(f"CT: {mode} p99 at half the rate", "gpu", v, "< 50", v is not None and v < 50, "ms")
-        v = _ratio(_ours(report, "large", mode).get("h2d", {}).get("gb_per_s"), ref)
+        v = _ratio(ours_entry(report, "large", mode).get("h2d", {}).get("gb_per_s"), ref)
         add(f"large: {mode} H2D / pinned copy", "gpu", v, ">= 0.9", v is not None and v >= 0.9,
             "x")  # fmt: skip
-        v = _median(report, "large", mode, "cpu_s_per_gb")
+        v = median_of(report, "large", mode, "cpu_s_per_gb")
         add(f"large: {mode} CPU core-s per GB", "any", v, "<= 0.5", v is not None and v <= 0.5,
             "s/GB")  # fmt: skip
-        o = _ours(report, "large", mode)
+        o = ours_entry(report, "large", mode)
         over = None
         if o:
             over = (float(o["median"]["peak_rss_bytes"]) - float(o["ring_bytes"])) / 1e6
@@ -149,9 +151,9 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"large: {mode} peak RSS - ring (the bench's process)", "any", over, "<= 300", ok,
             "MB")  # fmt: skip
         allocs = [
-            sum(_ours(report, w, mode).get("steady_state_allocations", {}).values())
+            sum(ours_entry(report, w, mode).get("steady_state_allocations", {}).values())
             for w in report["results"]
-            if _ours(report, w, mode)
+            if ours_entry(report, w, mode)
         ]
         v = float(sum(allocs)) if allocs else None
         add(f"{mode}: steady-state pinned/device allocations", "any", v, "== 0", v == 0, "count")
@@ -342,62 +344,3 @@ def notes(report: dict[str, Any]) -> list[str]:
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def plots(report: dict[str, Any], out: Path) -> list[str]:
-    """PNG plots; returns the files written, or raises ImportError without matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written: list[str] = []
-    sweeps = report.get("sweeps", {})
-    for name, label in (("part_size", "part size (MiB)"), ("concurrency", "fetch concurrency")):
-        points = [p for p in sweeps.get(name, []) if p.get("gb_per_s")]
-        if not points:
-            continue
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([p["value"] for p in points], [p["gb_per_s"] for p in points], marker="o",
-                label=f"{sweeps.get('mode', 'ours')} (large object)")  # fmt: skip
-        ceiling = max(
-            (v for c in CEILINGS if (v := _median(report, "large", c, "gb_per_s")) is not None),
-            default=None,
-        )
-        if ceiling:
-            ax.axhline(ceiling, linestyle="--", color="grey", label="fastest raw reader")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(label)
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"throughput vs {label}")
-        ax.legend()
-        path = out / f"throughput_{name}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(str(path))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    drawn = False
-    for workload, readers in report["results"].items():
-        for mode in [*MODES, *(label for label in readers if SCALED.match(label))]:
-            ours = _ours(report, workload, mode)
-            for kind in ("latency_burst", "latency_paced"):
-                values = ours.get(kind, {}).get("all_ms", [])
-                if len(values) < 2:
-                    continue
-                ys = [(i + 1) / len(values) for i in range(len(values))]
-                label = f"{mode} {workload} ({kind.split('_')[1]})"
-                ax.step(values, ys, where="post", label=label)
-                drawn = True
-    if drawn:
-        ax.set_xscale("log")
-        ax.set_xlabel("notification -> result (ms)")
-        ax.set_ylabel("fraction of objects")
-        ax.set_title("ours: latency CDF")
-        ax.legend(fontsize="x-small")
-        path = out / "latency_cdf.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        written.append(str(path))
-    plt.close(fig)
-    return written
