@@ -50,8 +50,9 @@ from ingest.health import Health, probe, serve
 from ingest.hooks import load_hook
 from ingest.kafka import Publisher, commit, make_consumer, make_producer
 from ingest.notifications import ObjectRef, RecentObjects, object_identity, parse_notification
+from ingest.object_jobs import Context
 from ingest.offsets import OffsetTracker, Partition
-from ingest.pipeline import Context, Processed, process_object
+from ingest.pipeline import Processed, process_object
 from ingest.results import dead_letter, failure_event, record_summary, sidecar, success_event
 from ingest.ring import PinnedRing
 from ingest.settings import Settings

@@ -14,7 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 import ingest.pipeline
 import ingest.worker
 from ingest.notifications import ObjectRef
-from ingest.pipeline import Context, Processed
+from ingest.object_jobs import Context
+from ingest.pipeline import Processed
 from ingest.samples import synthetic_ct_series
 from ingest.stack import Stack, embedded_stack
 from ingest.worker import Outcome, Worker

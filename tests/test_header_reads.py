@@ -1,6 +1,6 @@
 """A large object's header: how many GETs, of which bytes, before the first range.
 
-``pipeline._read_header`` against a source that serves one object from memory and
+``large_object.read_header`` against a source that serves one object from memory and
 records the ranges asked for (the GETs themselves are covered against SeaweedFS in
 ``test_bad_input.py`` and ``test_s3_faults.py``).
 """
@@ -17,8 +17,9 @@ import pytest
 
 from ingest.errors import LimitExceeded
 from ingest.fetch import ObjectHead, Presigned
+from ingest.large_object import HEADER_GROWTH, read_header
 from ingest.notifications import ObjectRef
-from ingest.pipeline import HEADER_GROWTH, Context, Located, _read_header
+from ingest.object_jobs import Context, Located
 from ingest.planning import ByteRange
 from ingest.settings import load_settings
 from tests import bad_inputs
@@ -52,7 +53,7 @@ def _context(source: RecordingSource, max_header_bytes: int) -> Context:
             "DICOM_INGEST_MAX_HEADER_BYTES": str(max_header_bytes),
         }
     )
-    # _read_header uses these three of the context's services
+    # read_header uses these three of the context's services
     fake = SimpleNamespace(settings=settings, source=source, fetch_limit=anyio.CapacityLimiter(1))
     return cast(Context, fake)
 
@@ -84,7 +85,7 @@ async def test_the_prefix_grows_fourfold_and_reads_only_new_bytes(
     source = RecordingSource(data)
     expected = [ByteRange(r.start, min(r.end, len(data))) for r in expected]
 
-    layout, _prefix, _hasher = await _read_header(
+    layout, _prefix, _hasher = await read_header(
         _context(source, 16 * MiB), _located(data), memoryview(data)[:probe]
     )
 
@@ -99,8 +100,6 @@ async def test_a_header_past_the_bound_is_refused_without_reading_past_it() -> N
     source = RecordingSource(data)
 
     with pytest.raises(LimitExceeded):
-        await _read_header(
-            _context(source, 300 * KiB), _located(data), memoryview(data)[: 64 * KiB]
-        )
+        await read_header(_context(source, 300 * KiB), _located(data), memoryview(data)[: 64 * KiB])
 
     assert source.ranges == [ByteRange(64 * KiB, 256 * KiB), ByteRange(256 * KiB, 300 * KiB)]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpu.formats import PixelFormat
 from ingest.errors import LimitExceeded
-from ingest.pipeline import DevicePlan, device_plan
+from ingest.object_jobs import DevicePlan, device_plan
 from ingest.planning import HEADER_PROBE_BYTES, ByteRange, chunk_pixels, first_read, split_range
 from ingest.ring import SMALL_SLOT_SIZE
 from ingest.settings import load_settings

@@ -44,7 +44,7 @@ import anyio
 from gpu import jobs
 from gpu.jobs import ChunkJob, ChunkResult, consume
 from gpu.thread import DeviceThread
-from ingest import device, fetch, ordered_reads, pipeline
+from ingest import device, fetch, object_jobs, ordered_reads
 from ingest.samples import synthetic_multiframe
 from ingest.settings import Settings
 from ingest.stack import Stack, embedded_stack
@@ -217,11 +217,11 @@ def report(label: str, size: int) -> None:
 
 async def trace(stack: Stack, frames: int, backend: str, variants: list[str], args: Any) -> None:
     data = synthetic_multiframe(frames, 512, 512)
-    default_window = pipeline.DEVICE_WINDOW_BYTES
+    default_window = object_jobs.DEVICE_WINDOW_BYTES
     for variant in variants:
         overrides = dict(item.split("=", 1) for item in variant.split())
         window_mb = overrides.pop("device_window_mb", None)
-        pipeline.DEVICE_WINDOW_BYTES = int(window_mb) << 20 if window_mb else default_window
+        object_jobs.DEVICE_WINDOW_BYTES = int(window_mb) << 20 if window_mb else default_window
         names = harness.make_names(uuid.uuid4().hex[:10])
         harness.prepare(stack, names)
         await harness.upload(stack, names.source_bucket, [("warm.dcm", data), ("big.dcm", data)])
@@ -242,7 +242,7 @@ async def trace(stack: Stack, frames: int, backend: str, variants: list[str], ar
                 loop_profile.enable()
             await harness.run_worker(settings, stop_after=1)
             loop_profile.disable()
-            window = pipeline.device_plan(settings, backend).window
+            window = object_jobs.device_plan(settings, backend).window
             report(f"{key} [{variant or 'defaults'}; {window} chunks on the device]", len(data))
             if args.profile and key == "big.dcm":
                 print_profiles(args.callers_of)

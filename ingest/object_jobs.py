@@ -1,0 +1,146 @@
+"""What an object task shares between its two read paths: the services it uses
+(``Context``), the object version being read (``Located``, ``Target``), how a large
+object's Pixel Data goes to the device (``device_plan``), the device job for a span of
+pixels (``chunk_job``: it also hands the result to a user hook), and the timings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+
+from gpu.thread import ChunkJob, ChunkResult
+from ingest.device import DeviceStage
+from ingest.dicom import DicomHeader
+from ingest.fetch import ObjectHead, Presigned, S3Source
+from ingest.hooks import Hook, HookChunk
+from ingest.notifications import ObjectRef
+from ingest.ring import PinnedRing, Slot
+from ingest.settings import Settings
+from ingest.sink import OutputSink
+from ingest.source_digest import Digests
+
+# How a large object's Pixel Data goes to the device: chunks of how many source bytes,
+# and how many of them in flight (submitted, results not yet taken). When the results
+# stay on the GPU (a hook, no sink) a chunk is a whole part, and 128 MiB in flight kept
+# the H200 busy (``python -m tests.trace_large``). When they come back to host memory
+# (the sink, or the CPU twin) each chunk's float32 result (twice its int16 source) waits
+# there for the writer or the hook, so chunks are at most 16 MiB, two in flight: on the
+# CPU machine, 32 MiB chunks put the sink-mode worker process at ring + 418 MB (two in
+# flight) or + 320 MB (one); 16 MiB chunks keep it within ring + 300 MB.
+DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
+HOST_CHUNK_BYTES = 16 * 1024 * 1024
+HOST_WINDOW_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePlan:
+    chunk_bytes: int  # source bytes per chunk: one range, one slot, one device job
+    window: int  # chunks of one object in flight on the device
+
+
+def device_plan(settings: Settings, backend: str) -> DevicePlan:
+    """Chunk size and window for this backend and sink (two chunks at least while the
+    results stay on the GPU, so one chunk's copy overlaps the previous one's kernel)."""
+    if settings.sink == "none" and backend == "cuda":
+        return DevicePlan(settings.part_size, max(2, DEVICE_WINDOW_BYTES // settings.part_size))
+    chunk = min(settings.part_size, HOST_CHUNK_BYTES)
+    return DevicePlan(chunk, max(1, HOST_WINDOW_BYTES // chunk))
+
+
+@dataclass(slots=True)
+class Timings:
+    first_get_s: float = 0.0  # the first GET (it also tells size and ETag: no HEAD)
+    parse_s: float = 0.0  # until the reads can start (a large object's layout)
+    device_s: float = 0.0  # the Pixel Data's reads, device work and outputs
+    total_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Context:
+    """The shared services an object task uses."""
+
+    settings: Settings
+    source: S3Source
+    sink: OutputSink
+    ring: PinnedRing
+    device: DeviceStage
+    fetch_limit: anyio.CapacityLimiter
+    hook: Hook | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The object version a chunk belongs to (what a hook is told)."""
+
+    ref: ObjectRef
+    head: ObjectHead
+
+    @property
+    def bucket(self) -> str:
+        return self.ref.bucket
+
+    @property
+    def key(self) -> str:
+        return self.ref.key
+
+    @property
+    def etag(self) -> str:
+        return self.head.etag
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """The object version being read: its presigned URL, and what the first GET told."""
+
+    where: Presigned
+    ref: ObjectRef
+    head: ObjectHead
+
+    @property
+    def target(self) -> Target:
+        return Target(self.ref, self.head)
+
+
+Done = tuple[DicomHeader, Digests, str, Timings]  # header, digests, backend, timings
+
+
+def chunk_job(
+    ctx: Context,
+    ref: Target,
+    header: DicomHeader,
+    slot: Slot,
+    pixels: memoryview,
+    first_element: int,
+) -> ChunkJob:
+    """The device job for ``pixels``; it holds its own reference to ``slot`` until copied.
+
+    Its result has the host values, or None when the sink is off (a hook has them).
+    """
+    slot.retain()
+    transform = header.transform(ctx.settings.window, ctx.settings.output_dtype)
+    on_result = None
+    if ctx.hook is not None:
+        hook, shape, dtype = ctx.hook, header.pixel.shape, ctx.settings.output_dtype
+        elements = len(pixels) // header.pixel.itemsize
+
+        def on_result(result: ChunkResult) -> None:  # on the device thread
+            array = result.device if result.device is not None else result.host
+            hook(
+                HookChunk(
+                    ref.bucket, ref.key, ref.etag, header.sop_instance_uid, shape, dtype,
+                    first_element, elements, result.backend, array,
+                )
+            )  # fmt: skip
+
+    return ChunkJob(
+        data=pixels,
+        fmt=header.pixel,
+        transform=transform,
+        first_element=first_element,
+        on_consumed=slot.release_threadsafe,
+        keep_on_device=ctx.hook is not None,
+        want_host=ctx.settings.sink != "none",
+        on_result=on_result,
+    )
