@@ -25,7 +25,7 @@ from ingest.bench_gpu import kvikio_missing
 from ingest.bench_measure import TreeMeter, percentile, process_tree
 from ingest.bench_readers import plan_ranges
 from ingest.bench_report import measured_text, scaling, targets
-from ingest.bench_scaled import GapWatch
+from ingest.bench_scaled_pass import GapWatch
 from ingest.bench_workloads import BenchObject, Workload
 from ingest.cli import main
 from ingest.settings import Settings
