@@ -13,15 +13,15 @@ N real worker processes in one consumer group (``bench_scaled``); then, with
 It writes a JSON file with every figure, prints the tables of ratios and
 targets, and draws PNG plots when matplotlib is installed.
 
-Modules: ``bench_workloads`` (objects), ``bench_readers`` (CPU references),
-``bench_gpu`` (KvikIO, pinned-copy reference), ``bench_ours`` (the worker),
-``bench_scaled`` (N worker processes, measured from outside),
-``bench_measure`` (time, CPU, RSS), ``bench_report`` (ratios, table, files).
+Modules: ``bench_config`` (the flags, a worker's environment), ``bench_workloads``
+(objects), ``bench_readers`` (CPU references), ``bench_gpu`` (KvikIO, pinned-copy
+reference), ``bench_ours`` (the worker), ``bench_scaled`` and ``bench_scaled_pass`` (N
+worker processes, measured from outside), ``bench_measure`` (time, CPU, RSS),
+``bench_report`` (ratios, targets, table, JSON), ``bench_plots`` (PNGs).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import os
@@ -31,7 +31,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ingest import bench_gpu
+from ingest.bench_config import (
+    OURS_MODES,
+    BenchConfig,
+    s3_target,
+    worker_environment,
+    worker_settings,
+)
 from ingest.bench_measure import Meter, MiB, load_watch, machine_info, summarize
 from ingest.bench_ours import HOOK_SPEC, OursRunner
 from ingest.bench_plots import plots
@@ -63,37 +69,7 @@ from ingest.bench_workloads import (
     prepare_workloads,
     warmup_object,
 )
-from ingest.settings import Settings, load_settings
 from ingest.stack import Stack, create_topics, embedded_stack, weed_bin
-
-WORKLOADS = ("ct", "large", "mix")
-READERS = ("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours", "ours-hook")
-OURS_MODES = {"ours": {"SINK": "s3"}, "ours-hook": {"SINK": "none", "HOOK": HOOK_SPEC}}
-SCALED_MODES = ("ours-hook", "ours")
-
-
-@dataclass(frozen=True, slots=True)
-class BenchConfig:
-    out: Path = Path("bench-results")
-    endpoint: str | None = None
-    bootstrap: str | None = None
-    workloads: tuple[str, ...] = WORKLOADS
-    readers: tuple[str, ...] = READERS
-    ct_count: int = 300
-    large_mb: int = 1024
-    repeats: int = 3
-    part_mb: int = 8
-    concurrency: int = 16
-    sweep: bool = False
-    sweep_parts_mb: tuple[int, ...] = (1, 4, 8, 16, 32)
-    sweep_concurrency: tuple[int, ...] = (4, 8, 16, 32)
-    sweep_mode: str = "ours-hook"  # or "ours" (sink on)
-    device: str = "auto"
-    plots: bool = True
-    worker_settings: tuple[tuple[str, str], ...] = ()  # extra DICOM_INGEST_* for ours
-    processes: tuple[int, ...] = ()  # scaled mode: N worker processes per run; () = not run
-    gpus: str = ""  # scaled mode: --gpus of the workers, e.g. "0,1"
-    scaled_modes: tuple[str, ...] = SCALED_MODES
 
 
 class _Steps:
@@ -108,70 +84,6 @@ class _Steps:
 
     def done(self) -> None:
         self._progress.advance(self._task)
-
-
-def _target(config: BenchConfig, stack: Stack | None, token: str) -> S3Target:
-    if stack is not None:
-        c = stack.endpoints.credentials
-        endpoint, region, key, secret = stack.s3.endpoint_url, c.region, c.access_key, c.secret_key
-    else:
-        import botocore.session
-
-        session = botocore.session.get_session()
-        creds = session.get_credentials()
-        if creds is None or config.endpoint is None:
-            raise SystemExit("bench --endpoint needs AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
-        frozen = creds.get_frozen_credentials()
-        endpoint, key, secret = config.endpoint, frozen.access_key, frozen.secret_key
-        region = session.get_config_variable("region") or "us-east-1"
-    return S3Target(endpoint, region, key, secret, f"bench-{token}-src", f"bench-{token}-out")
-
-
-def _environment(
-    config: BenchConfig,
-    target: S3Target,
-    bootstrap: str,
-    token: str,
-    label: str,
-    mode: str,
-    **tune: int,
-) -> dict[str, str]:
-    """The ``DICOM_INGEST_*`` of a worker of ours for one run (topic and group of its own)."""
-    env = {
-        "DICOM_INGEST_KAFKA_BOOTSTRAP": bootstrap,
-        "DICOM_INGEST_S3_ENDPOINT_URL": target.endpoint_url,
-        "DICOM_INGEST_OUTPUT_URL": f"s3://{target.output_bucket}/out/",
-        "DICOM_INGEST_AUDIT_KEY": base64.b64encode(os.urandom(32)).decode(),
-        "DICOM_INGEST_SOURCE_TOPIC": f"bench-{token}-{label}-events",
-        "DICOM_INGEST_RESULTS_TOPIC": f"bench-{token}-results",
-        "DICOM_INGEST_DLQ_TOPIC": f"bench-{token}-dlq",
-        "DICOM_INGEST_AUDIT_TOPIC": f"bench-{token}-audit",
-        "DICOM_INGEST_GROUP_ID": f"bench-{token}-{label}",
-        "DICOM_INGEST_WORKER_ID": f"bench-{label}",
-        "DICOM_INGEST_DEVICE": config.device,
-        # Tansu holds JoinGroup for about half the session timeout (DESIGN.md 4).
-        "DICOM_INGEST_SESSION_TIMEOUT_MS": "2000",
-        "DICOM_INGEST_HEARTBEAT_INTERVAL_MS": "200",
-        "DICOM_INGEST_SHUTDOWN_DEADLINE_S": "30",
-        "DICOM_INGEST_FETCH_CONCURRENCY": str(tune.get("concurrency", config.concurrency)),
-    }
-    if "part" in tune:  # the sweep; otherwise ours runs at the worker's default part size
-        env["DICOM_INGEST_PART_SIZE"] = str(tune["part"])
-    env.update({f"DICOM_INGEST_{k}": v for k, v in OURS_MODES[mode].items()})
-    env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in config.worker_settings})
-    return env
-
-
-def _settings(
-    config: BenchConfig,
-    target: S3Target,
-    bootstrap: str,
-    token: str,
-    label: str,
-    mode: str,
-    **tune: int,
-) -> Settings:
-    return load_settings(_environment(config, target, bootstrap, token, label, mode, **tune))
 
 
 def _skipped(status: str, note: str, short: str) -> dict[str, Any]:
@@ -244,7 +156,7 @@ async def _run_ours(
     pids: list[int],
     **tune: int,
 ) -> dict[str, Any]:
-    settings = _settings(config, target, bootstrap, token, f"{label}-{mode}", mode, **tune)
+    settings = worker_settings(config, target, bootstrap, token, f"{label}-{mode}", mode, **tune)
     await anyio.to_thread.run_sync(create_topics, bootstrap, [settings.source_topic])
     runner = OursRunner(settings, target.source_bucket, pids)
     result = await runner.measure(objects, warmup, repeats, paced)
@@ -273,7 +185,7 @@ async def _run_scaled(
     label = scaled_label(mode, processes)
     if len(workload.objects) < 2 and processes > 1:  # p1 still runs: the worker's own RSS
         return _skipped("skipped", "one object cannot be spread over processes", "one object")
-    env = _environment(config, target, bootstrap, token, f"{workload.name}-{label}", mode)
+    env = worker_environment(config, target, bootstrap, token, f"{workload.name}-{label}", mode)
     spec = ScaledSpec(
         processes, config.gpus, env, target.source_bucket,
         logs / f"{workload.name}-{label}.log", tuple(pids),
@@ -315,7 +227,7 @@ async def run_bench(
         if running is not None:
             # The worker takes S3 credentials from the standard AWS variables, as botocore does.
             os.environ.update(running.endpoints.environment())
-        target = _target(config, running, token)
+        target = s3_target(config, running, token)
         bootstrap = running.kafka.bootstrap if running else str(config.bootstrap)
         pids = [running.s3.pid, running.kafka.pid] if running else []
         gpu = bench_gpu.gpu_name()
@@ -375,7 +287,9 @@ async def run_bench(
                 report["sweeps"] = await _sweeps(
                     config, target, bootstrap, token, workloads["large"], warm, pids, steps
                 )
-            ours_part = _settings(config, target, bootstrap, token, "h2d", "ours-hook").part_size
+            ours_part = worker_settings(
+                config, target, bootstrap, token, "h2d", "ours-hook"
+            ).part_size
             report["h2d_reference"] = _h2d_reference(config, gpu is not None, ours_part)
     report["finished"] = datetime.now(UTC).isoformat()
     report["ratios"] = ratios(report)

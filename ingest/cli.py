@@ -145,7 +145,7 @@ def _bench_parser(commands: Any) -> None:
 
 
 def _bench_config(args: argparse.Namespace) -> Any:
-    from ingest.bench import BenchConfig
+    from ingest.bench_config import BenchConfig
 
     if args.endpoint and not args.bootstrap:
         raise ConfigError("bench --endpoint needs --bootstrap")

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ingest.bench import BenchConfig, run_bench
+from ingest.bench import run_bench
+from ingest.bench_config import BenchConfig
 from ingest.bench_gpu import kvikio_missing
 from ingest.bench_measure import TreeMeter, percentile, process_tree
 from ingest.bench_readers import plan_ranges
