@@ -27,7 +27,10 @@ parts included) and all of ``process_object``; ``rest_of_process_object`` is
 what those parts leave out (for a small object: the ``.npy`` PUT and waits
 for a ring slot or a fetch permit); ``outside_process_object`` is the rest of
 the latency (Kafka delivery to the worker, waiting for an in-flight permit,
-the sidecar PUT, the result and audit produces).
+the sidecar PUT, the result and audit produces), split at the object task's
+start into ``delivery`` (the notification's trip through the broker to the
+worker, until its object task began) and ``after_process_object`` (the
+sidecar PUT and the acknowledged result and audit produces).
 
 The worker's device stage and ring are read through ``worker._ctx`` (a
 read-only peek the worker has no public API for yet); ``stage.submit`` is
@@ -96,6 +99,7 @@ class _Pass:
     done: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     timings: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)  # perf_counter, the worker's read began
     finished: anyio.Event = field(default_factory=anyio.Event)
 
     def latencies_ms(self) -> list[float]:
@@ -111,6 +115,11 @@ class _Pass:
         out["rest_of_process_object_ms"] = statistics.median(inner) if inner else 0.0
         rest = [(self.done[k] - self.sent[k] - t[-1]) * 1000.0 for k, t in rows]
         out["outside_process_object_ms"] = statistics.median(rest) if rest else 0.0
+        # the outside split at the object task's start: before it, after process_object
+        delivery = [(self.started[k] - self.sent[k]) * 1000.0 for k, _ in rows]
+        after = [(self.done[k] - self.started[k] - t[-1]) * 1000.0 for k, t in rows]
+        out["delivery_ms"] = statistics.median(delivery) if delivery else 0.0
+        out["after_process_object_ms"] = statistics.median(after) if after else 0.0
         return out
 
 
@@ -133,6 +142,7 @@ class _Tracker:
         if outcome.processed is not None:
             t = outcome.processed.timings
             p.timings[key] = (t.first_get_s, t.parse_s, t.device_s, t.total_s)
+            p.started[key] = t.started_at
         if len(p.done) >= p.expected:
             p.finished.set()
 

@@ -55,6 +55,7 @@ class Timings:
     parse_s: float = 0.0  # until the reads can start (a large object's layout)
     device_s: float = 0.0  # the Pixel Data's reads, device work and outputs
     total_s: float = 0.0
+    started_at: float = 0.0  # perf_counter() as this read of the object began (this process)
 
 
 @dataclass(slots=True)

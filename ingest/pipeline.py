@@ -98,6 +98,7 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
         done[3].parse_s = parse_s
     header, digests, backend, timings = done
     timings.first_get_s = first_s
+    timings.started_at = started
     timings.total_s = time.perf_counter() - started
     return Processed(ref, head, header, digests, backend, npy_key, json_key, timings)
 

@@ -85,6 +85,13 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
             assert ours["latency_burst"]["p99_ms"] > 0
             assert ours["ring_bytes"] == DEFAULT_RING  # the default ring and part size
             assert set(ours["steady_state_allocations"]) >= {"pinned_allocations"}
+        for mode in ("ours", "ours-hook"):  # the outside of process_object, split in two
+            b = readers[mode]["latency_burst"]["breakdown_median"]
+            assert b["delivery_ms"] > 0, (workload, b)
+            assert b["after_process_object_ms"] > 0, (workload, b)
+            if workload == "large":  # one object: the medians are its own values
+                outside = b["delivery_ms"] + b["after_process_object_ms"]
+                assert outside == pytest.approx(b["outside_process_object_ms"]), b
         assert readers["ours"]["hook_chunks"] == 0
         assert readers["ours-hook"]["hook_chunks"] >= len(readers["ours-hook"]["runs"])
     assert on_disk["results"]["ct"]["ours"]["latency_paced"]["count"] == 3

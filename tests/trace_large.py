@@ -175,7 +175,22 @@ def zero_cost_device() -> None:
     jobs.CpuRunner.run = run  # type: ignore[method-assign,assignment]
 
 
-def report(label: str, size: int) -> None:
+def idle_connections(reads: list[Event], limit: int) -> tuple[float, float]:
+    """GET slots left unused while ranges still waited to start: connection-seconds, and
+    that span (first start to last start) times ``limit``. Ranges held back by the
+    in-order consumer's run-ahead bound or by a full ring show up here."""
+    edges = sorted([(start, 1) for _, start, _, _ in reads] + [(end, -1) for _, _, end, _ in reads])
+    last_start = max(start for _, start, _, _ in reads)
+    idle, in_flight, previous = 0.0, 0, edges[0][0]
+    for at, step in edges:
+        if at > last_start:
+            break
+        idle += max(0, limit - in_flight) * (at - previous)
+        in_flight, previous = in_flight + step, at
+    return idle, (last_start - edges[0][0]) * limit
+
+
+def report(label: str, size: int, limit: int) -> None:
     def durations(kind: str) -> list[float]:
         return [end - start for k, start, end, _ in EVENTS if k == kind]
 
@@ -190,6 +205,11 @@ def report(label: str, size: int) -> None:
         f"in flight on average {sum(read_s) / total:.1f}"
     )
     print(f"  consumer waiting for the next range: {sum(durations('wait')):.3f} s of {total:.3f}")
+    idle, span = idle_connections(reads, limit)
+    print(
+        f"  GET slots idle while ranges waited to start: {idle:.3f} of {span:.3f} "
+        f"connection-seconds ({limit} at once)"
+    )
     print(
         f"  device round trip: median {statistics.median(durations('device')) * 1e3:.1f} ms; "
         f"{len(batches)} batches of {statistics.mean(batches):.2f} chunks on average"
@@ -243,7 +263,8 @@ async def trace(stack: Stack, frames: int, backend: str, variants: list[str], ar
             await harness.run_worker(settings, stop_after=1)
             loop_profile.disable()
             window = object_jobs.device_plan(settings, backend).window
-            report(f"{key} [{variant or 'defaults'}; {window} chunks on the device]", len(data))
+            label = f"{key} [{variant or 'defaults'}; {window} chunks on the device]"
+            report(label, len(data), settings.fetch_concurrency)
             if args.profile and key == "big.dcm":
                 print_profiles(args.callers_of)
 
