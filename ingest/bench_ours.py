@@ -25,7 +25,7 @@ also has the medians of the worker's own ``Processed.timings``: the first GET,
 parse, device (for a large object: the whole chunk loop, reads and output
 parts included) and all of ``process_object``; ``rest_of_process_object`` is
 what those parts leave out (for a small object: the ``.npy`` PUT and waits
-for a ring slot or a fetch permit); ``outside_process_object`` is the rest of
+for a ring slot or a GET thread); ``outside_process_object`` is the rest of
 the latency (Kafka delivery to the worker, waiting for an in-flight permit,
 the sidecar PUT, the result and audit produces), split at the object task's
 start into ``delivery`` (the notification's trip through the broker to the

@@ -8,8 +8,9 @@ answer (``Content-Range``, ``ETag``, ``x-amz-version-id``); every later
 bytes of two versions: a replaced object answers 412, which becomes
 ``ObjectChanged``. The GETs run in
 worker threads on keep-alive connections and receive the body straight into
-the slot (``threaded_http.py`` says how and why), at most ``fetch_concurrency``
-at once. A cancelled read aborts its socket and waits for its thread, so a slot
+the slot (``threaded_http.py`` says how and why), on ``fetch_concurrency``
+threads: a thread that finishes a range takes the next queued one without a
+trip through the event loop. A cancelled read aborts its socket and waits for its thread, so a slot
 is never written after it was given back.
 
 Transient failures (5xx, throttling, timeouts, resets, a body cut short) are
@@ -152,9 +153,14 @@ class S3Source:
         self._stack = AsyncExitStack()
         self._client: Any = None
         self._signer: UrlSigner | None = None
-        # GETs are bounded by the pipeline's fetch limit; the sink's PUTs come on top.
-        # A plain executor: anyio's to_thread cost a CT slice ~60 us more on the loop.
-        self._threads = ThreadPoolExecutor(2 * settings.fetch_concurrency, "s3-request")
+        # GETs have ``fetch_concurrency`` threads, all objects together: the bound on
+        # GETs in flight. A thread that finishes a range takes the next queued one itself,
+        # as KvikIO's pool does; a limiter on the event loop made every range wait for the
+        # loop between two GETs (docs/benchmarks.md, round 10). The sink's PUTs have
+        # threads of their own, as many as they could use of the pool both shared before.
+        # Plain executors: anyio's to_thread cost a CT slice ~60 us more on the loop.
+        self._gets = ThreadPoolExecutor(settings.fetch_concurrency, "s3-get")
+        self._puts = ThreadPoolExecutor(2 * settings.fetch_concurrency, "s3-put")
         self._pool = ConnectionPool(
             connect_timeout_s=min(10.0, settings.read_timeout_s),
             read_timeout_s=settings.read_timeout_s,
@@ -180,7 +186,8 @@ class S3Source:
             tcp_keepalive=True,
         )
         session = get_session()
-        self._stack.callback(self._threads.shutdown)  # requests end before: see _in_thread
+        self._stack.callback(self._gets.shutdown)  # requests end before: see _in_thread
+        self._stack.callback(self._puts.shutdown)
         self._stack.callback(self._pool.close)
         self._client = await self._stack.enter_async_context(
             session.create_client("s3", endpoint_url=s.s3_endpoint_url, config=config)
@@ -352,7 +359,7 @@ class S3Source:
                 return answer, None
             return answer, _After.of(then, target[: answer.filled])
 
-        return await self._in_thread(work)
+        return await self._in_thread(self._gets, work)
 
     async def put_from(self, url: str, headers: dict[str, str], body: list[memoryview]) -> str:
         """One PUT of ``body`` (not joined) to a presigned URL, in a thread; the ETag.
@@ -360,11 +367,13 @@ class S3Source:
         Not retried and not translated: the sink does both, as for its other calls.
         """
         return await self._in_thread(
-            lambda transfer: put_from(self._pool, url, headers, body, transfer)
+            self._puts, lambda transfer: put_from(self._pool, url, headers, body, transfer)
         )
 
-    async def _in_thread(self, work: Callable[[Transfer], T]) -> T:
-        """Run one request in a thread. On cancellation the socket is shut and the thread
+    @staticmethod
+    async def _in_thread(threads: ThreadPoolExecutor, work: Callable[[Transfer], T]) -> T:
+        """Run one request on ``threads`` (queued while all are busy). On cancellation a
+        queued request never starts, and one under way has its socket shut and its thread
         awaited, so the request never touches its memory after this returns."""
         transfer = Transfer()
 
@@ -373,7 +382,7 @@ class S3Source:
                 raise OSError("the request was cancelled before it began")
             return work(transfer)
 
-        started = self._threads.submit(run)
+        started = threads.submit(run)
         try:
             return await asyncio.wrap_future(started)
         except anyio.get_cancelled_exc_class():

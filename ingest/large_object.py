@@ -1,7 +1,7 @@
 """A large object (larger than its first GET): the header's layout from the probe, then
 the Pixel Data read in chunks into ring slots, concurrently and taken in order
 (``ordered_reads``: started up to twice ``fetch_concurrency`` ahead,
-``fetch_concurrency`` at once across all objects), while per-frame rescale values are
+``fetch_concurrency`` at once across all objects on the source's GET threads), while per-frame rescale values are
 parsed. Each chunk goes to the device as soon as it is read (``device_plan`` says how
 many in flight), is hashed meanwhile, and its result is streamed to the output writer
 in order. Bytes after the Pixel Data are read only for the hash.
@@ -60,10 +60,9 @@ async def read_header(
             raise LimitExceeded(f"DICOM header larger than {ctx.settings.max_header_bytes} bytes")
         grown = bytearray(next_length)  # only the bytes not read yet are fetched
         grown[:length] = prefix
-        async with ctx.fetch_limit:
-            await ctx.source.read_into(
-                obj.where, obj.head, ByteRange(length, next_length), memoryview(grown)[length:]
-            )
+        await ctx.source.read_into(
+            obj.where, obj.head, ByteRange(length, next_length), memoryview(grown)[length:]
+        )
         prefix = grown
 
 
@@ -167,16 +166,16 @@ def _ordered_reads(
     ctx: Context, obj: Located, ranges: list[ByteRange], hasher: SourceDigest
 ) -> AbstractAsyncContextManager[InOrder]:
     """``ordered_reads`` of this object's ``ranges``, at most ``fetch_concurrency`` at once
-    across all objects, started up to twice that ahead (three quarters of the ring at most).
+    across all objects (the source's GET threads), started up to twice that ahead (three
+    quarters of the ring at most).
 
     A hash that takes ranges in any order (the tree hash) takes each one in a worker
-    thread right after its GET (outside the fetch permit), so the ranges in flight are
+    thread right after its GET (off the GET threads), so the ranges in flight are
     hashed on as many cores; the consumer gets the range once it is hashed.
     """
 
     async def read(byte_range: ByteRange, into: memoryview) -> None:
-        async with ctx.fetch_limit:
-            await ctx.source.read_into(obj.where, obj.head, byte_range, into)
+        await ctx.source.read_into(obj.where, obj.head, byte_range, into)
         if hasher.any_order:
             data = into[: byte_range.length]
             await anyio.to_thread.run_sync(hasher.update, byte_range.start, data)

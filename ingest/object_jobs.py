@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import anyio
-
 from gpu.thread import ChunkJob, ChunkResult
 from ingest.device import DeviceStage
 from ingest.dicom import DicomHeader
@@ -67,7 +65,6 @@ class Context:
     sink: OutputSink
     ring: PinnedRing
     device: DeviceStage
-    fetch_limit: anyio.CapacityLimiter
     hook: Hook | None = None
 
 

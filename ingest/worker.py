@@ -178,10 +178,9 @@ class Worker:
             await self._consumer.start()
             stack.push_async_callback(_close, self._consumer.stop)  # leaves the group
             stage = DeviceStage(thread, s)
-            fetch_limit = anyio.CapacityLimiter(s.fetch_concurrency)
             hook = load_hook(s.hook) if s.hook else None
             sink = OutputSink(source, s)
-            self._ctx = Context(s, source, sink, ring, stage, fetch_limit, hook)
+            self._ctx = Context(s, source, sink, ring, stage, hook)
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
                 services.start_soon(self._commit_loop)

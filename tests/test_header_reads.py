@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import cast
 
-import anyio
 import pytest
 
 from ingest.errors import LimitExceeded
@@ -53,8 +52,8 @@ def _context(source: RecordingSource, max_header_bytes: int) -> Context:
             "DICOM_INGEST_MAX_HEADER_BYTES": str(max_header_bytes),
         }
     )
-    # read_header uses these three of the context's services
-    fake = SimpleNamespace(settings=settings, source=source, fetch_limit=anyio.CapacityLimiter(1))
+    # read_header uses these two of the context's services
+    fake = SimpleNamespace(settings=settings, source=source)
     return cast(Context, fake)
 
 

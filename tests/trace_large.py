@@ -4,7 +4,7 @@ A diagnostic, not a test (pytest does not collect it). It starts the embedded
 stack, uploads a synthetic multi-frame object of FRAMES 512x512 16-bit frames
 twice (a warm-up and a measured copy), runs the real worker on each in hook
 mode with the source hash off, and wraps (on the classes, for this process
-only) ``S3Source.read_into``, ``DeviceStage.submit``/``_dispatch``, the
+only) the GETs on their threads, ``DeviceStage.submit``/``_dispatch``, the
 runners' ``run`` (the device thread's batches), the CUDA events the device
 thread waits on, and the in-order consumer to time every range, device round
 trip, batch and wait::
@@ -44,7 +44,8 @@ import anyio
 from gpu import jobs
 from gpu.jobs import ChunkJob, ChunkResult, consume
 from gpu.thread import DeviceThread
-from ingest import device, fetch, object_jobs, ordered_reads
+from ingest import device, fetch, object_jobs, ordered_reads, threaded_http
+from ingest.http_answer import Answer
 from ingest.samples import synthetic_multiframe
 from ingest.settings import Settings
 from ingest.stack import Stack, embedded_stack
@@ -64,15 +65,25 @@ PRODUCT_TUNING = {
 
 
 def instrument() -> None:
-    read_into = fetch.S3Source.read_into
+    get_into = threaded_http.get_into  # what ingest.fetch calls on the GET threads
     submit = device.DeviceStage.submit
     dispatch = device.DeviceStage._dispatch
     next_read = ordered_reads.InOrder.__anext__
 
-    async def timed_read(self: Any, where: Any, head: Any, rng: Any, into: Any) -> None:
+    def timed_get(
+        pool: threaded_http.ConnectionPool,
+        url: str,
+        headers: dict[str, str],
+        target: memoryview,
+        transfer: threaded_http.Transfer | None = None,
+    ) -> Answer:
+        """On the GET's thread: the time a connection is busy with the range. Ranges after
+        the first GET carry ``If-Match``; the first GET (the header probe) is left out."""
         t0 = time.perf_counter()
-        await read_into(self, where, head, rng, into)
-        EVENTS.append(("read", t0, time.perf_counter(), rng.length))
+        answer = get_into(pool, url, headers, target, transfer)
+        if "If-Match" in headers:
+            EVENTS.append(("read", t0, time.perf_counter(), len(target)))
+        return answer
 
     async def timed_submit(self: Any, job: ChunkJob) -> asyncio.Future[ChunkResult]:
         t0 = time.perf_counter()
@@ -122,7 +133,7 @@ def instrument() -> None:
     else:
         timed_runner(CudaRunner)
         time_event_waits(CudaRunner)
-    fetch.S3Source.read_into = timed_read  # type: ignore[method-assign,assignment]
+    fetch.get_into = timed_get  # type: ignore[attr-defined]
     device.DeviceStage.submit = timed_submit  # type: ignore[method-assign]
     device.DeviceStage._dispatch = timed_dispatch  # type: ignore[method-assign]
     ordered_reads.InOrder.__anext__ = timed_next  # type: ignore[method-assign]
