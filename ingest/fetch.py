@@ -155,9 +155,10 @@ class S3Source:
         self._signer: UrlSigner | None = None
         # GETs have ``fetch_concurrency`` threads, all objects together: the bound on
         # GETs in flight. A thread that finishes a range takes the next queued one itself,
-        # as KvikIO's pool does; a limiter on the event loop made every range wait for the
-        # loop between two GETs (docs/benchmarks.md, round 10). The sink's PUTs have
-        # threads of their own, as many as they could use of the pool both shared before.
+        # as KvikIO's pool does, where a limiter on the event loop handed a permit on
+        # through the loop (no speed difference measured on the H200: docs/benchmarks.md,
+        # round 10; one hop and one lock fewer). The sink's PUTs have threads of their
+        # own, as many as they could use of the pool both shared before.
         # Plain executors: anyio's to_thread cost a CT slice ~60 us more on the loop.
         self._gets = ThreadPoolExecutor(settings.fetch_concurrency, "s3-get")
         self._puts = ThreadPoolExecutor(2 * settings.fetch_concurrency, "s3-put")

@@ -1,10 +1,10 @@
 """A large object (larger than its first GET): the header's layout from the probe, then
 the Pixel Data read in chunks into ring slots, concurrently and taken in order
-(``ordered_reads``: started up to twice ``fetch_concurrency`` ahead,
-``fetch_concurrency`` at once across all objects on the source's GET threads), while per-frame rescale values are
-parsed. Each chunk goes to the device as soon as it is read (``device_plan`` says how
-many in flight), is hashed meanwhile, and its result is streamed to the output writer
-in order. Bytes after the Pixel Data are read only for the hash.
+(``ordered_reads``: started up to twice ``fetch_concurrency`` ahead, read on the
+source's ``fetch_concurrency`` GET threads, all objects together), while per-frame
+rescale values are parsed. Each chunk goes to the device as soon as it is read
+(``device_plan`` says how many in flight), is hashed meanwhile, and its result is
+streamed to the output writer in order. Bytes after the Pixel Data are read only for the hash.
 """
 
 from __future__ import annotations
