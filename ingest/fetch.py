@@ -6,12 +6,12 @@ its first range and learns the object's size, ETag and version from the
 answer (``Content-Range``, ``ETag``, ``x-amz-version-id``); every later
 ``read_into`` carries ``If-Match`` with that ETag, so a range can never mix
 bytes of two versions: a replaced object answers 412, which becomes
-``ObjectChanged``. The GETs run in
-worker threads on keep-alive connections and receive the body straight into
-the slot (``threaded_http.py`` says how and why), on ``fetch_concurrency``
-threads: a thread that finishes a range takes the next queued one without a
-trip through the event loop. A cancelled read aborts its socket and waits for its thread, so a slot
-is never written after it was given back.
+``ObjectChanged``. The GETs run in worker threads on keep-alive connections
+and receive the body straight into the slot (``threaded_http.py`` says how
+and why), on ``fetch_concurrency`` threads: a thread that finishes a range
+takes the next queued one without a trip through the event loop. A cancelled
+read aborts its socket and waits for its thread, so a slot is never written
+after it was given back.
 
 Transient failures (5xx, throttling, timeouts, resets, a body cut short) are
 retried by the policy of ``retry.py``. All foreign exceptions (botocore,

@@ -4,7 +4,8 @@ the Pixel Data read in chunks into ring slots, concurrently and taken in order
 source's ``fetch_concurrency`` GET threads, all objects together), while per-frame
 rescale values are parsed. Each chunk goes to the device as soon as it is read
 (``device_plan`` says how many in flight), is hashed meanwhile, and its result is
-streamed to the output writer in order. Bytes after the Pixel Data are read only for the hash.
+streamed to the output writer in order. Bytes after the Pixel Data are read only
+for the hash.
 """
 
 from __future__ import annotations

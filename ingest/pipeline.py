@@ -76,10 +76,9 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     slot = await ctx.ring.acquire(first.length)  # a small slot when it fits one
     parse = functools.partial(_parse_and_hash, settings=ctx.settings)
     try:
-        head, filled, parsed = await ctx.source.read_first_then(  # a whole object is
-            where,
-            slot.view[: first.length],
-            parse,  # parsed in the GET's thread
+        # a whole object is parsed in the GET's thread
+        head, filled, parsed = await ctx.source.read_first_then(
+            where, slot.view[: first.length], parse
         )
         first_s = time.perf_counter() - started - (parsed.seconds if parsed else 0.0)
         if head.size == 0:
