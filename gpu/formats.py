@@ -3,7 +3,9 @@
 ``gpu/`` never imports ``ingest/``: these types are the whole contract between
 them. A *chunk* is a run of raw stored samples of one object's Pixel Data, in
 stored order, starting at sample index ``first_element`` of that object's pixel
-stream. Preprocessing is elementwise, so a chunk may start and end anywhere on
+stream; its bytes are contiguous, or whole frames one every ``pitch`` bytes
+(``pitched_frames``: Encapsulated Uncompressed keeps an item header between
+frames). Preprocessing is elementwise, so a chunk may start and end anywhere on
 a sample boundary, except for planar colour (``planar=True``), whose chunks
 must hold whole frames because the output interleaves the three planes.
 """
@@ -84,3 +86,20 @@ class Transform:
     @property
     def out_itemsize(self) -> int:
         return 4 if self.out_dtype == "float32" else 2
+
+
+def pitched_frames(nbytes: int, frame_bytes: int, pitch: int) -> int:
+    """How many frames ``nbytes`` hold when a frame starts every ``pitch`` bytes.
+
+    The bytes run from the first frame's first sample to the last frame's last
+    one: ``(frames - 1) * pitch + frame_bytes``.
+
+    Raises:
+        ValueError: ``pitch`` is shorter than a frame, or ``nbytes`` is not such a run.
+    """
+    if pitch < frame_bytes or frame_bytes < 1:
+        raise ValueError(f"pitch {pitch} is shorter than a frame of {frame_bytes} bytes")
+    frames, rest = divmod(nbytes - frame_bytes, pitch)
+    if nbytes < frame_bytes or rest:
+        raise ValueError(f"{nbytes} bytes are not whole frames of {frame_bytes} every {pitch}")
+    return frames + 1

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gpu.formats import PixelFormat, Transform
+from gpu.formats import PixelFormat, Transform, pitched_frames
 from gpu.preprocess import preprocess_numpy
 
 
@@ -31,7 +31,9 @@ class ChunkJob:
     skips the copy back to the host. ``on_result`` (a user hook) is called on
     the device thread with the finished result, before the batch's future
     resolves, so it may use CuPy on the thread that owns the device; what it
-    raises fails that job alone.
+    raises fails that job alone. ``pitch`` > 0: ``data`` holds whole frames, one
+    every ``pitch`` bytes (``gpu.formats.pitched_frames``), which the device copy
+    (or the twin) gathers; 0: its samples are contiguous.
     """
 
     data: memoryview
@@ -42,6 +44,20 @@ class ChunkJob:
     keep_on_device: bool = False
     want_host: bool = True
     on_result: Callable[[ChunkResult], None] | None = None
+    pitch: int = 0
+
+    @property
+    def sample_nbytes(self) -> int:
+        """The bytes of samples in ``data`` (without what lies between pitched frames).
+
+        Raises:
+            ValueError: ``data`` is not whole frames at ``pitch``.
+        """
+        if not self.pitch:
+            return self.data.nbytes
+        return pitched_frames(self.data.nbytes, self.fmt.frame_bytes, self.pitch) * (
+            self.fmt.frame_bytes
+        )
 
 
 @dataclass(slots=True)
@@ -102,6 +118,22 @@ def host_bytes(data: memoryview) -> npt.NDArray[np.uint8]:
     return np.frombuffer(data, dtype=np.uint8)
 
 
+def job_samples(job: ChunkJob) -> npt.NDArray[np.uint8]:
+    """``job``'s samples as one contiguous 1-D uint8 array: a view of ``data``, or for
+    pitched frames a gathered copy (the NumPy twin's stand-in for the 2-D device copy).
+
+    Raises:
+        ValueError: ``data`` is not whole frames at ``pitch``.
+    """
+    raw = host_bytes(job.data)
+    if not job.pitch:
+        return raw
+    frame = job.fmt.frame_bytes
+    frames = pitched_frames(raw.nbytes, frame, job.pitch)
+    rows = np.lib.stride_tricks.as_strided(raw, (frames, frame), (job.pitch, 1), writeable=False)
+    return rows.reshape(-1)  # a copy: the rows are not contiguous
+
+
 class CpuRunner:
     """The NumPy twin of ``gpu.transfer.CudaRunner``."""
 
@@ -116,7 +148,7 @@ class CpuRunner:
             outcome: ChunkResult | BaseException
             started = time.perf_counter()
             try:
-                raw = host_bytes(job.data)
+                raw = job_samples(job)
                 values = preprocess_numpy(raw, job.fmt, job.transform, job.first_element)
                 outcome = ChunkResult(values, None, "cpu", 0.0, time.perf_counter() - started)
                 self._stats["bytes_in"] += raw.nbytes

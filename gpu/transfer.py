@@ -12,6 +12,10 @@ Facts this module relies on:
   and a D2H copy issued after it sees its output, with no extra synchronisation.
 - Copies and event records are issued through ``gpu.enqueue`` (the driver,
   keeping the GIL), so nothing else runs between an event and its copy.
+- A chunk of pitched frames (Encapsulated Uncompressed: an item header between
+  frames) goes over as one 2-D copy (``cuMemcpy2DAsync``: a row a frame, the
+  host pitch the frame's, the device pitch the frame's bytes), so the device
+  gets its samples contiguous with no gather on either side.
 - A host slot may be reused only once the event recorded right after its H2D
   copy has completed: until then the DMA engine may still be reading it. That is
   when ``on_consumed`` is called (on this thread), before the kernel finishes.
@@ -37,6 +41,7 @@ import numpy.typing as npt
 
 from gpu import kernel
 from gpu.enqueue import Enqueue
+from gpu.formats import pitched_frames
 from gpu.jobs import ChunkJob, ChunkResult, consume, host_bytes
 from gpu.memory import COUNTERS, pinned_memory
 from gpu.preprocess import ChunkPlan, plan_chunk
@@ -136,7 +141,7 @@ class CudaRunner:
         for i, job in enumerate(jobs):
             try:
                 valid.append(
-                    (i, plan_chunk(job.data.nbytes, job.fmt, job.transform, job.first_element))
+                    (i, plan_chunk(job.sample_nbytes, job.fmt, job.transform, job.first_element))
                 )
             except Exception as exc:
                 outcomes[i] = exc
@@ -181,7 +186,7 @@ class CudaRunner:
         in_total = out_total = host_total = 0
         for i, plan in valid:
             in_at.append(in_total)
-            in_total += _round(jobs[i].data.nbytes)
+            in_total += _round(jobs[i].sample_nbytes)
             out_at.append(out_total)
             if not jobs[i].keep_on_device:
                 out_total += _round(plan.out_nbytes)
@@ -225,8 +230,14 @@ class CudaRunner:
             # An event on each side of each copy: the copy's own time on the DMA engine,
             # whatever gaps the host leaves between issuing them.
             for k, source in enumerate(sources):
+                job = jobs[valid[k][0]]
                 issue.record(before[k], stream)
-                issue.h2d(src_ptrs[k], source.ctypes.data, source.nbytes, stream)
+                if job.pitch:  # the DMA engine leaves the bytes between frames behind
+                    frame, at = job.fmt.frame_bytes, source.ctypes.data
+                    rows = pitched_frames(source.nbytes, frame, job.pitch)
+                    issue.h2d_2d(src_ptrs[k], frame, at, job.pitch, frame, rows, stream)
+                else:
+                    issue.h2d(src_ptrs[k], source.ctypes.data, source.nbytes, stream)
                 issue.record(h2d[k], stream)
             params = self._dev_params.memory
             n_ints, n_floats = ints.nbytes, floats.nbytes
@@ -254,7 +265,7 @@ class CudaRunner:
         ms = cp.cuda.get_elapsed_time
         kernel_s = ms(h2d[-1], launched) / 1000.0
         for k, (i, plan) in enumerate(valid):
-            self._stats["bytes_h2d"] += sources[k].nbytes
+            self._stats["bytes_h2d"] += plan.n * jobs[i].fmt.itemsize
             if outcomes[i] is not None:
                 continue
             host = None

@@ -246,7 +246,7 @@ async def run_bench(
             await anyio.to_thread.run_sync(create_topics, bootstrap, topics)
             workloads = await anyio.to_thread.run_sync(
                 prepare_workloads, target, list(config.workloads), config.ct_count,
-                config.large_mb, Path(tmp), steps.label,
+                config.large_mb, Path(tmp), steps.label, config.large_syntax,
             )  # fmt: skip
             report["workloads"] = {n: w.describe() for n, w in workloads.items()}
             warm = (await anyio.to_thread.run_sync(warmup_object, target),)

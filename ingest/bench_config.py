@@ -28,6 +28,7 @@ class BenchConfig:
     readers: tuple[str, ...] = READERS
     ct_count: int = 300
     large_mb: int = 1024
+    large_syntax: str = "native"  # or "encapsulated": Encapsulated Uncompressed, past 4 GiB
     repeats: int = 3
     part_mb: int = 8
     concurrency: int = 16

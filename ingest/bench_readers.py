@@ -40,6 +40,7 @@ import numpy as np
 
 from ingest.bench_measure import MiB
 from ingest.bench_workloads import S3Target, Workload
+from ingest.fragments import ENCAPSULATED_UNCOMPRESSED
 
 
 class Reader(Protocol):
@@ -215,6 +216,25 @@ def frame_rescale(ds: Any) -> list[tuple[float, float]] | None:
     return [(float(i.RescaleSlope), float(i.RescaleIntercept)) for i in items if i is not None]
 
 
+def _as_native(ds: Any) -> None:
+    """Encapsulated Uncompressed frames (one fragment each) as native Pixel Data."""
+    from pydicom.encaps import generate_frames
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    frames = int(ds.get("NumberOfFrames") or 1)
+    samples = int(ds.Rows) * int(ds.Columns) * int(ds.SamplesPerPixel)
+    frame_bytes = samples * int(ds.BitsAllocated) // 8
+    offsets = None
+    if ds.get("ExtendedOffsetTable") is not None:
+        offsets = (
+            list(np.frombuffer(ds.ExtendedOffsetTable, "<u8")),
+            list(np.frombuffer(ds.ExtendedOffsetTableLengths, "<u8")),
+        )
+    pieces = generate_frames(ds.PixelData, number_of_frames=frames, extended_offsets=offsets)
+    ds.PixelData = b"".join(piece[:frame_bytes] for piece in pieces)
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+
+
 def naive_values(path: str) -> np.ndarray:
     """dcmread, pixel_array, Modality LUT (float64), cast to float32: the plain way."""
     from pydicom import dcmread
@@ -223,6 +243,8 @@ def naive_values(path: str) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # odd-but-readable objects; not the point here
         ds = dcmread(path)
+        if ds.file_meta.TransferSyntaxUID == ENCAPSULATED_UNCOMPRESSED:
+            _as_native(ds)  # pydicom 3.0 has no decoder for it
         arr = ds.pixel_array
     arr = arr.reshape(-1, int(ds.Rows), int(ds.Columns))
     per_frame = frame_rescale(ds)

@@ -140,10 +140,16 @@ def prepare_workloads(
     large_mb: int,
     tmpdir: Path,
     progress: Callable[[str], None] = lambda _: None,
+    large_syntax: str = "native",
 ) -> dict[str, Workload]:
     """Generate and upload the objects the named workloads need; returns them by name.
 
-    ``large_mb`` is in MiB of Pixel Data (512 x 512 16-bit frames, per-frame rescale).
+    ``large_mb`` is in MiB of Pixel Data (512 x 512 16-bit frames, per-frame rescale),
+    native or (``large_syntax="encapsulated"``) Encapsulated Uncompressed with an
+    Extended Offset Table, as a writer of an object past 4 GiB would write it.
+
+    Raises:
+        ValueError: a native object past 4 GiB - 2 bytes of Pixel Data.
 
     Raises:
         botocore.exceptions.ClientError: an upload failed.
@@ -167,9 +173,13 @@ def prepare_workloads(
         large: BenchObject | None = None
         if {"large", "mix"} & set(names):
             frames = max(1, large_mb * MiB // FRAME_BYTES)
-            name = f"enhanced-ct-{frames}x512x512.dcm"
+            encapsulated = large_syntax == "encapsulated"
+            name = f"enhanced-ct-{frames}x512x512{'-encapsulated' if encapsulated else ''}.dcm"
             progress(f"writing the large object ({frames} frames) to a temporary file")
-            path = synthetic_multiframe(frames, 512, 512, path=tmpdir / name)
+            path = synthetic_multiframe(
+                frames, 512, 512, encapsulated="extended" if encapsulated else None,
+                path=tmpdir / name,
+            )  # fmt: skip
             progress(f"uploading the large object ({path.stat().st_size / 1e9:.2f} GB, multipart)")
             key = f"bench/large/{name}"
             try:

@@ -109,6 +109,11 @@ def _bench_parser(commands: Any) -> None:
     )
     add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each)")
     add("--large-mb", type=int, default=1024, help="MiB of pixels in the large object")
+    add(
+        "--large-syntax", choices=("native", "encapsulated"), default="native",
+        help="the large object's transfer syntax: native (4 GiB at most) or Encapsulated "
+        "Uncompressed (a frame a fragment, no limit: a whole-slide image's size)",
+    )  # fmt: skip
     add("--repeats", type=int, default=3, help="measured runs after the discarded warm-up")
     add(
         "--part-mb", type=int, default=8,
@@ -169,6 +174,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
         readers=args.readers,
         ct_count=args.ct,
         large_mb=args.large_mb,
+        large_syntax=args.large_syntax,
         repeats=args.repeats,
         part_mb=args.part_mb,
         concurrency=args.concurrency,

@@ -6,10 +6,12 @@ header is read straight from its bytes (``dicom_direct``); any other, pydicom
 reads: ``dcmread(..., stop_before_pixels=True)`` leaves the file position
 on the first byte of the top-level (7FE0,0010) tag (its reader seeks back over
 the tag/VR/length it has just read before it stops), and the 8-byte implicit or
-12-byte explicit OB/OW element header is read here. Only native little-endian
-Pixel Data is handled; other transfer syntaxes are refused from the file meta
-alone, so a Deflated object is never inflated here. The Modality LUT (rescale
-values, per frame where the file has them) is ``dicom_rescale``'s.
+12-byte explicit OB/OW element header is read here. Only uncompressed
+little-endian Pixel Data is handled: native, or Encapsulated Uncompressed (one
+frame a fragment, located after its Basic Offset Table: ``ingest.fragments``);
+other transfer syntaxes are refused from the file meta alone, so a Deflated
+object is never inflated here. The Modality LUT (rescale values, per frame
+where the file has them) is ``dicom_rescale``'s.
 ``parse_header`` is the one place where foreign exceptions become
 ``ingest.errors``; messages carry element names and numbers, never values that
 could be patient data.
@@ -47,6 +49,7 @@ from ingest.dicom_header import (
 )
 from ingest.dicom_rescale import modality_rescale
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
+from ingest.fragments import ENCAPSULATED_UNCOMPRESSED
 
 __all__ = ["DicomHeader", "NeedMoreBytes", "parse_header"]
 
@@ -200,7 +203,12 @@ def _parse(
     step.now = "reading the image elements"
     implicit = _implicit_vr(ds, has_dicm)
     pixel, photometric = pixel_format(ds, has_dicm)
-    place = locate_pixels(data, pos, implicit, complete, pixel, object_size, max_pixel_bytes)
+    step.now = "locating the pixels"
+    tables = (ds.get("ExtendedOffsetTable"), ds.get("ExtendedOffsetTableLengths"))
+    encapsulated = syntax == ENCAPSULATED_UNCOMPRESSED
+    place = locate_pixels(
+        data, pos, implicit, complete, pixel, object_size, max_pixel_bytes, encapsulated, tables
+    )
     step.now = "reading the Modality LUT"
     rescaled = modality_rescale(ds, pixel.frames, per_frame)
     step.now = "reading the UIDs"
@@ -242,8 +250,8 @@ def _meta_transfer_syntax(data: bytes, has_dicm: bool, complete: bool) -> str | 
         # only a well-formed UID is echoed: these bytes could be anything
         shown = f"{syntax} ({UID(syntax).name})" if _UID_RE.fullmatch(syntax) else "(not a UID)"
         raise UnsupportedDicom(
-            f"transfer syntax {shown} is not supported; only native "
-            "Implicit/Explicit VR Little Endian Pixel Data is processed"
+            f"transfer syntax {shown} is not supported; only uncompressed little-endian "
+            "Pixel Data is processed (Implicit, Explicit or Encapsulated Uncompressed)"
         )
     return syntax
 

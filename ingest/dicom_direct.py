@@ -4,7 +4,7 @@ pydicom read a CT slice's header in ~470 us of one core (the CPU machine,
 ``.venv/bin/python -m tests.header_cost``), holding the lock that keeps its
 warning filters sane: about a sixth of a slice's CPU in the worker, and one
 parse at a time across its GET threads. Most headers are plain: a file meta
-with a native little-endian transfer syntax, then a data set whose image
+with an uncompressed little-endian transfer syntax, then a data set whose image
 attributes are single values in their dictionary VR. For those,
 ``read_plain_header`` walks the elements (``dicom_walk``), converts the
 fifteen values the pipeline needs as pydicom converts them, and gives them to
@@ -46,6 +46,7 @@ from ingest.dicom_header import (
 from ingest.dicom_rescale import slope_intercept
 from ingest.dicom_walk import Unsure, Walker
 from ingest.errors import IngestError
+from ingest.fragments import ENCAPSULATED_UNCOMPRESSED
 
 _TRANSFER_SYNTAX: Final = 0x00020010
 _LAST_BEFORE_PIXELS: Final = 0x7FDFFFFF  # a tag past this, before the Pixel Data: pydicom
@@ -149,7 +150,10 @@ def _read(data: bytes, object_size: int, max_pixel_bytes: int) -> DicomHeader:
     values, pos = _data_set(Walker(data, implicit), pos)
     pixel, photometric = pixel_format(values, True)
     complete = len(data) == object_size
-    place = locate_pixels(data, pos, implicit, complete, pixel, object_size, max_pixel_bytes)
+    encapsulated = syntax == ENCAPSULATED_UNCOMPRESSED  # an Extended Offset Table: pydicom
+    place = locate_pixels(
+        data, pos, implicit, complete, pixel, object_size, max_pixel_bytes, encapsulated
+    )
     rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] = ((1.0,), (0.0,), False)
     if "RescaleSlope" in values and "RescaleIntercept" in values:  # as dicom_rescale decides
         slope, intercept = slope_intercept(values)

@@ -15,10 +15,20 @@ from typing import Any, Final, Protocol
 
 from gpu.formats import OutDtype, PixelFormat, Transform
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
+from ingest.fragments import (
+    ENCAPSULATED_UNCOMPRESSED,
+    ITEM_HEADER,
+    check_offset_tables,
+    fragment_length,
+    fragment_pitch,
+    read_item,
+)
 
 IMPLICIT_VR_LE: Final = "1.2.840.10008.1.2"
 EXPLICIT_VR_LE: Final = "1.2.840.10008.1.2.1"
-SUPPORTED_TRANSFER_SYNTAXES: Final = frozenset({IMPLICIT_VR_LE, EXPLICIT_VR_LE})
+SUPPORTED_TRANSFER_SYNTAXES: Final = frozenset(
+    {IMPLICIT_VR_LE, EXPLICIT_VR_LE, ENCAPSULATED_UNCOMPRESSED}
+)
 
 PIXEL_TAG: Final = b"\xe0\x7f\x10\x00"
 FLOAT_TAGS: Final = {b"\xe0\x7f\x08\x00": "Float", b"\xe0\x7f\x09\x00": "Double Float"}
@@ -50,11 +60,14 @@ class DicomHeader:
     transform_slopes: tuple[float, ...]  # one value for all frames, or one per frame
     transform_intercepts: tuple[float, ...]
     rescale: bool  # False: pydicom's Modality LUT leaves stored values as they are
-    pixel_offset: int  # byte offset of the Pixel Data value within the object
+    pixel_offset: int  # byte offset of the first sample within the object
     pixel_length: int  # == pixel.total_bytes; the element may hold more (a pad byte)
     # parse_header(per_frame=False) left the per-frame functional groups unread: the
     # rescale fields above are empty until the header is parsed again in full
     per_frame_pending: bool = False
+    # Encapsulated Uncompressed (ingest.fragments): frame k's samples start at
+    # pixel_offset + k * frame_pitch, an item header before each; 0: native, contiguous
+    frame_pitch: int = 0
 
     def transform(self, window: tuple[float, float] | None, out_dtype: OutDtype) -> Transform:
         """The preprocessing of this object's samples, with the worker's window and dtype."""
@@ -154,8 +167,9 @@ def text(ds: Values, keyword: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class PixelPlace:
-    offset: int  # of the Pixel Data value in the object
+    offset: int  # of the first sample in the object
     length: int  # the pixels' bytes (the element may hold one more, a pad byte)
+    pitch: int = 0  # encapsulated: from one frame's first sample to the next's
 
 
 def locate_pixels(
@@ -166,17 +180,25 @@ def locate_pixels(
     pixel: PixelFormat,
     object_size: int,
     max_pixel_bytes: int,
+    encapsulated: bool = False,
+    tables: tuple[object, object] = (None, None),
 ) -> PixelPlace:
     """Check the Pixel Data element whose tag is at ``pos`` against the image's format.
 
+    ``encapsulated``: Encapsulated Uncompressed, whose Extended Offset Table and its
+    lengths (values, or None) are ``tables``.
+
     Raises:
-        ShortPrefix: ``data`` is a prefix that ends inside the element header.
+        ShortPrefix: ``data`` is a prefix that ends inside the element header (or,
+            encapsulated, before the first fragment's item header).
         MalformedDicom, LimitExceeded: lengths that contradict the format or the object.
     """
     offset, length = pixel_element(data, pos, implicit, complete)
     expected = pixel.total_bytes
     if expected > max_pixel_bytes:
         raise LimitExceeded(f"pixel data of {expected} bytes exceeds the limit ({max_pixel_bytes})")
+    if encapsulated:
+        return _locate_fragments(data, offset, length, complete, pixel, object_size, tables)
     if length == UNDEFINED_LENGTH:
         raise MalformedDicom("Pixel Data has undefined length in a native transfer syntax")
     if length < expected:
@@ -188,6 +210,57 @@ def locate_pixels(
     if length // pixel.frame_bytes > pixel.frames:  # pydicom would return the extra frames
         raise MalformedDicom("Pixel Data holds more frames than Number of Frames says")
     return PixelPlace(offset, expected)
+
+
+def _locate_fragments(
+    data: bytes,
+    offset: int,
+    length: int,
+    complete: bool,
+    pixel: PixelFormat,
+    object_size: int,
+    tables: tuple[object, object],
+) -> PixelPlace:
+    """Frames one per fragment after the Basic Offset Table item at ``offset``."""
+
+    def have(end: int, what: str) -> None:
+        if end > len(data):
+            if not complete:
+                raise ShortPrefix(end)
+            raise MalformedDicom(f"truncated: the object ends inside {what}")
+
+    if length != UNDEFINED_LENGTH:
+        raise MalformedDicom("Pixel Data has a defined length in an encapsulated transfer syntax")
+    extended, lengths = (_binary(value, name) for value, name in zip(tables, _TABLES, strict=True))
+    have(offset + ITEM_HEADER, "the Basic Offset Table")
+    basic = read_item(data, offset, "Basic Offset Table")
+    if basic % 4 or basic > 4 * pixel.frames:
+        raise MalformedDicom(f"Basic Offset Table of {basic} bytes for {pixel.frames} frames")
+    first_item = offset + ITEM_HEADER + basic
+    have(first_item + ITEM_HEADER, "the first fragment's item header")
+    check_offset_tables(data[offset + ITEM_HEADER : first_item], extended, lengths, pixel)
+    fragment = read_item(data, first_item, "the first fragment")
+    if fragment != fragment_length(pixel):
+        raise MalformedDicom(
+            f"the first fragment holds {fragment} bytes; one frame is {pixel.frame_bytes}"
+            " (Encapsulated Uncompressed: a frame a fragment)"
+        )
+    pitch = fragment_pitch(pixel)
+    if first_item + pixel.frames * pitch + ITEM_HEADER > object_size:
+        raise MalformedDicom(
+            f"truncated: {pixel.frames} frames of a fragment each run past the"
+            f" {object_size}-byte object"
+        )
+    return PixelPlace(first_item + ITEM_HEADER, pixel.total_bytes, pitch)
+
+
+_TABLES: Final = ("Extended Offset Table", "Extended Offset Table Lengths")
+
+
+def _binary(value: object, name: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    raise MalformedDicom(f"{name} is not one binary value")
 
 
 def header_of(
@@ -214,4 +287,5 @@ def header_of(
         pixel_offset=place.offset,
         pixel_length=place.length,
         per_frame_pending=rescaled is None,
+        frame_pitch=place.pitch,
     )

@@ -21,9 +21,19 @@ import anyio
 from gpu.thread import ChunkResult
 from ingest.dicom import DicomHeader, parse_header
 from ingest.errors import LimitExceeded, MalformedDicom
-from ingest.object_jobs import Context, Done, Located, Target, Timings, chunk_job, device_plan
+from ingest.object_jobs import (
+    Context,
+    Done,
+    Located,
+    Target,
+    Timings,
+    chunk_job,
+    device_plan,
+    pixel_chunks,
+    pixels_start,
+)
 from ingest.ordered_reads import InOrder, ordered_reads
-from ingest.planning import ByteRange, PixelChunk, chunk_pixels, split_range
+from ingest.planning import ByteRange, PixelChunk, split_range
 from ingest.settings import Settings
 from ingest.sink import ArrayWriter, DiscardWriter
 from ingest.source_digest import SourceDigest
@@ -50,7 +60,8 @@ async def read_header(
             )
         )  # fmt: skip
         if isinstance(parsed, DicomHeader):
-            hasher = SourceDigest(ctx.settings, size, memoryview(prefix)[: parsed.pixel_offset])
+            before = memoryview(prefix)[: pixels_start(parsed)]
+            hasher = SourceDigest(ctx.settings, size, before)
             return parsed, bytes(prefix) if parsed.per_frame_pending else None, hasher
         length = len(prefix)
         if length >= size:
@@ -91,10 +102,9 @@ async def read_large(
     """
     timings = Timings()
     plan = device_plan(ctx.settings, ctx.device.backend)
-    chunks = chunk_pixels(layout.pixel_offset, layout.pixel, plan.chunk_bytes)
+    chunks = pixel_chunks(layout, plan.chunk_bytes)
     target = obj.target
-    pixel_end = layout.pixel_offset + layout.pixel_length
-    trailer = split_range(pixel_end, obj.head.size, ctx.settings.part_size)
+    trailer = split_range(chunks[-1].range.end, obj.head.size, ctx.settings.part_size)
     t = time.perf_counter()
     async with (
         ctx.sink.array(npy_key, layout.pixel.shape, ctx.settings.output_dtype) as out,
@@ -146,7 +156,7 @@ async def _pipelined_chunks(
         index = 0
         async for slot, view in reads:
             try:
-                job = chunk_job(ctx, target, header, slot, view, chunks[index].first_element)
+                job = chunk_job(ctx, target, header, slot, view, chunks[index])
                 in_flight.append(await ctx.device.submit(job))
                 if hasher.in_order:
                     start = chunks[index].range.start

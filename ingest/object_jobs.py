@@ -1,7 +1,8 @@
 """What an object task shares between its two read paths: the services it uses
 (``Context``), the object version being read (``Located``, ``Target``), how a large
-object's Pixel Data goes to the device (``device_plan``), the device job for a span of
-pixels (``chunk_job``: it also hands the result to a user hook), and the timings.
+object's Pixel Data goes to the device (``device_plan``, ``pixel_chunks``), the device
+job for a chunk of pixels (``chunk_job``: it also hands the result to a user hook), and
+the timings.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from gpu.thread import ChunkJob, ChunkResult
 from ingest.device import DeviceStage
 from ingest.dicom import DicomHeader
 from ingest.fetch import ObjectHead, Presigned, S3Source
+from ingest.fragments import ITEM_HEADER, check_items, chunk_fragments
 from ingest.hooks import Hook, HookChunk
 from ingest.notifications import ObjectRef
+from ingest.planning import PixelChunk, chunk_pixels
 from ingest.ring import PinnedRing, Slot
 from ingest.settings import Settings
 from ingest.sink import OutputSink
@@ -45,6 +48,20 @@ def device_plan(settings: Settings, backend: str) -> DevicePlan:
         return DevicePlan(settings.part_size, max(2, DEVICE_WINDOW_BYTES // settings.part_size))
     chunk = min(settings.part_size, HOST_CHUNK_BYTES)
     return DevicePlan(chunk, max(1, HOST_WINDOW_BYTES // chunk))
+
+
+def pixel_chunks(header: DicomHeader, chunk_bytes: int) -> list[PixelChunk]:
+    """The reads of ``header``'s Pixel Data in ranges of at most ``chunk_bytes``; they
+    tile the object from ``pixels_start(header)`` on (the Sequence Delimiter of
+    Encapsulated Uncompressed included)."""
+    if header.frame_pitch:
+        return chunk_fragments(header.pixel_offset - ITEM_HEADER, header.pixel, chunk_bytes)
+    return chunk_pixels(header.pixel_offset, header.pixel, chunk_bytes)
+
+
+def pixels_start(header: DicomHeader) -> int:
+    """Where the first chunk's range starts (the bytes before it are the header's)."""
+    return header.pixel_offset - (ITEM_HEADER if header.frame_pitch else 0)
 
 
 @dataclass(slots=True)
@@ -105,23 +122,24 @@ Done = tuple[DicomHeader, Digests, str, Timings]  # header, digests, backend, ti
 
 
 def chunk_job(
-    ctx: Context,
-    ref: Target,
-    header: DicomHeader,
-    slot: Slot,
-    pixels: memoryview,
-    first_element: int,
+    ctx: Context, ref: Target, header: DicomHeader, slot: Slot, view: memoryview, chunk: PixelChunk
 ) -> ChunkJob:
-    """The device job for ``pixels``; it holds its own reference to ``slot`` until copied.
+    """The device job for ``chunk``, whose range's bytes are ``view`` (in ``slot``); it
+    holds its own reference to ``slot`` until copied.
 
     Its result has the host values, or None when the sink is off (a hook has them).
+
+    Raises:
+        MalformedDicom: an item header the chunk must hold is not there (``check_items``).
     """
+    check_items(view, chunk)
+    pixels, first_element = chunk.samples(view), chunk.first_element
     slot.retain()
     transform = header.transform(ctx.settings.window, ctx.settings.output_dtype)
     on_result = None
     if ctx.hook is not None:
         hook, shape, dtype = ctx.hook, header.pixel.shape, ctx.settings.output_dtype
-        elements = len(pixels) // header.pixel.itemsize
+        elements = chunk.elements
 
         def on_result(result: ChunkResult) -> None:  # on the device thread
             array = result.device if result.device is not None else result.host
@@ -141,4 +159,5 @@ def chunk_job(
         keep_on_device=ctx.hook is not None,
         want_host=ctx.settings.sink != "none",
         on_result=on_result,
+        pitch=chunk.pitch,
     )

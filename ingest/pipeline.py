@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from ingest.dicom import DicomHeader, NeedMoreBytes, parse_header
 from ingest.errors import MalformedDicom, NotDicom, ObjectChanged
 from ingest.fetch import ObjectHead
+from ingest.fragments import ITEM_HEADER
 from ingest.large_object import read_header, read_large
 from ingest.notifications import ObjectRef
-from ingest.object_jobs import Context, Done, Located, Timings, chunk_job
+from ingest.object_jobs import Context, Done, Located, Timings, chunk_job, pixel_chunks
 from ingest.planning import first_read
 from ingest.ring import Slot
 from ingest.settings import Settings
@@ -127,10 +128,12 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _
     timings = Timings(parse_s=parsed.seconds)
     header, digests = parsed.header, parsed.digests
     data = slot.view[: obj.head.size]
-    pixels = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
+    # one chunk: a "part" larger than the object holds all its frames and item headers
+    chunk = pixel_chunks(header, obj.head.size + 2 * ITEM_HEADER)[0]
+    view = data[chunk.range.start : chunk.range.end]
     t = time.perf_counter()
     async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
-        result = await ctx.device.process(chunk_job(ctx, obj.target, header, slot, pixels, 0))
+        result = await ctx.device.process(chunk_job(ctx, obj.target, header, slot, view, chunk))
         timings.device_s = time.perf_counter() - t
         await out.write(result.host)  # None when the sink is off: a hook has the values
     return header, digests, ctx.device.backend, timings

@@ -8,6 +8,7 @@ so that the SHA-256 of the whole object is exact). Chunks hold whole frames
 whenever a frame fits in a part, so planar colour and per-frame rescale need
 no state across chunks; a frame larger than a part is split on sample
 boundaries, which elementwise preprocessing allows except for planar colour.
+``ingest.fragments`` plans Encapsulated Uncompressed frames the same way.
 """
 
 from __future__ import annotations
@@ -43,11 +44,27 @@ class ByteRange:
 
 @dataclass(frozen=True, slots=True)
 class PixelChunk:
-    """One part of the Pixel Data: where it lies in the object and which samples it holds."""
+    """One part of the Pixel Data: where it lies in the object and which samples it holds.
+
+    Native Pixel Data is the samples alone. Encapsulated Uncompressed
+    (``ingest.fragments``) keeps an item header before each frame: the range then
+    starts ``skip`` bytes before its first sample, its samples span ``span``
+    bytes, whole frames one every ``pitch`` bytes (0: contiguous), and ``marks``
+    are the item headers that must be at those offsets of the range.
+    """
 
     range: ByteRange
     first_element: int
     elements: int
+    skip: int = 0
+    span: int = -1  # -1: the whole range
+    pitch: int = 0
+    marks: tuple[tuple[int, bytes], ...] = ()
+
+    def samples(self, view: memoryview) -> memoryview:
+        """The bytes of this chunk's samples (and, pitched, what lies between frames)."""
+        span = self.range.length if self.span < 0 else self.span
+        return view[self.skip : self.skip + span]
 
 
 def split_range(start: int, end: int, part_size: int) -> list[ByteRange]:

@@ -16,18 +16,25 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final, overload
+from typing import Final
 
 import numpy as np
-from pydicom import dcmwrite
 from pydicom.data import get_testdata_file
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
 from ingest.errors import NotDicom, UnsupportedDicom
+from ingest.sample_parts import (
+    MAX_NATIVE_PIXEL_BYTES,
+    OffsetTable,
+    base_dataset,
+    image_pixel,
+    uid,
+    write_encapsulated,
+    write_native,
+)
+from ingest.samples_multiframe import synthetic_multiframe
 
 __all__ = [
     "EXAMPLES_DEAD_LETTERED",
@@ -43,7 +50,6 @@ __all__ = [
     "synthetic_rgb",
 ]
 
-MAX_NATIVE_PIXEL_BYTES: Final = 0xFFFFFFFE
 OK: Final = "ok"
 
 # pydicom test files with native little-endian pixel data this version processes
@@ -66,7 +72,6 @@ EXAMPLES_DEAD_LETTERED: Final = {
 }
 
 _CT_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.2"
-_ENHANCED_CT_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.2.1"
 _SC_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.7"
 _MULTIFRAME_TRUE_COLOR_SC: Final = "1.2.840.10008.5.1.4.1.1.7.4"
 
@@ -103,60 +108,6 @@ def pydicom_examples(*, dead_lettered: bool = True) -> list[tuple[str, bytes]]:
     return [(name, example_bytes(name)) for name in names]
 
 
-def _uid(*parts: object) -> str:
-    return generate_uid(entropy_srcs=["dicom-ingest", *map(str, parts)])
-
-
-def _file_meta(sop_class: str, sop_instance: str) -> FileMetaDataset:
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = UID(sop_class)
-    meta.MediaStorageSOPInstanceUID = UID(sop_instance)
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    return meta
-
-
-def _base(sop_class: str, sop_instance: str, modality: str, study: str, series: str) -> Dataset:
-    ds = Dataset()
-    ds.file_meta = _file_meta(sop_class, sop_instance)
-    ds.SpecificCharacterSet = "ISO_IR 100"
-    ds.SOPClassUID = sop_class
-    ds.SOPInstanceUID = sop_instance
-    ds.StudyDate = ds.SeriesDate = "20240101"
-    ds.StudyTime = ds.SeriesTime = "120000"
-    ds.Modality = modality
-    ds.Manufacturer = "dicom-ingest synthetic"
-    ds.PatientName = "PHANTOM^SYNTHETIC"
-    ds.PatientID = "PHANTOM-0001"
-    ds.StudyInstanceUID = study
-    ds.SeriesInstanceUID = series
-    ds.StudyID = "1"
-    ds.SeriesNumber = 1
-    return ds
-
-
-def _image_pixel(ds: Dataset, rows: int, columns: int, bits: tuple[int, int], signed: bool) -> None:
-    allocated, stored = bits
-    ds.SamplesPerPixel = 1
-    ds.PhotometricInterpretation = "MONOCHROME2"
-    ds.Rows = rows
-    ds.Columns = columns
-    ds.BitsAllocated = allocated
-    ds.BitsStored = stored
-    ds.HighBit = stored - 1
-    ds.PixelRepresentation = int(signed)
-
-
-def _write(fp: BinaryIO, ds: Dataset, frames: Iterable[bytes], total: int) -> None:
-    """Write ``ds`` (explicit VR LE), then a Pixel Data element of ``total`` bytes of frames."""
-    dcmwrite(fp, ds, enforce_file_format=True)
-    vr = b"OB" if ds.BitsAllocated == 8 else b"OW"
-    fp.write(struct.pack("<HH2sHI", 0x7FE0, 0x0010, vr, 0, total + total % 2))
-    for frame in frames:
-        fp.write(frame)
-    if total % 2:
-        fp.write(b"\0")
-
-
 def _ct_phantom(rows: int, columns: int, z: float, rng: np.random.Generator) -> np.ndarray:
     """A chest-like slice in Hounsfield units; ``z`` in [0, 1] moves through the body."""
     y, x = np.ogrid[-1.0 : 1.0 : rows * 1j, -1.0 : 1.0 : columns * 1j]
@@ -187,11 +138,11 @@ def synthetic_ct_series(
     16 bits allocated, 12 stored, signed; Rescale Slope 1, Intercept -1024; a
     chest-like phantom plus seeded noise. One study and series, unique SOP UIDs.
     """
-    study, series = _uid("ct", seed, "study"), _uid("ct", seed, "series")
+    study, series = uid("ct", seed, "study"), uid("ct", seed, "series")
     out = []
     for index in range(count):
-        sop = _uid("ct", seed, "slice", index)
-        ds = _base(_CT_STORAGE, sop, "CT", study, series)
+        sop = uid("ct", seed, "slice", index)
+        ds = base_dataset(_CT_STORAGE, sop, "CT", study, series)
         ds.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
         ds.InstanceNumber = index + 1
         ds.SliceThickness = "1.25"
@@ -199,153 +150,34 @@ def synthetic_ct_series(
         ds.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
         ds.PixelSpacing = ["0.7", "0.7"]
         ds.KVP = "120"
-        _image_pixel(ds, rows, columns, (16, 12), signed=True)
+        image_pixel(ds, rows, columns, (16, 12), signed=True)
         ds.WindowCenter, ds.WindowWidth = "40", "400"
         ds.RescaleIntercept, ds.RescaleSlope, ds.RescaleType = "-1024", "1", "HU"
         rng = np.random.default_rng([seed, index])
         hu = _ct_phantom(rows, columns, index / max(count - 1, 1), rng)
         stored = np.clip(np.rint(hu) + 1024, -2048, 2047).astype("<i2")
         buffer = io.BytesIO()
-        _write(buffer, ds, [stored.tobytes()], stored.nbytes)
+        write_native(buffer, ds, [stored.tobytes()], stored.nbytes)
         out.append((f"ct-series/slice-{index + 1:04d}.dcm", buffer.getvalue()))
     return out
 
 
-def _frame_rescale(index: int) -> tuple[str, str]:
-    return f"{0.5 + 0.25 * (index % 4)}", f"{-1024 + 8 * (index % 16)}"
-
-
-def _transformation(slope: str, intercept: str) -> Dataset:
-    item = Dataset()
-    item.RescaleSlope, item.RescaleIntercept, item.RescaleType = slope, intercept, "US"
-    return item
-
-
-def _multiframe_header(
-    frames: int, rows: int, columns: int, bits: tuple[int, int], signed: bool, per_frame: bool
-) -> Dataset:
-    key = ("mf", frames, rows, columns, *bits, signed, per_frame)
-    sop = _uid(*key, "sop")
-    ds = _base(_ENHANCED_CT_STORAGE, sop, "CT", _uid(*key, "study"), _uid(*key, "series"))
-    ds.ImageType = ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"]
-    ds.InstanceNumber = 1
-    ds.NumberOfFrames = frames
-    _image_pixel(ds, rows, columns, bits, signed)
-    shared = Dataset()
-    measures = Dataset()
-    measures.PixelSpacing, measures.SliceThickness = ["0.5", "0.5"], "1.0"
-    shared.PixelMeasuresSequence = [measures]
-    if not per_frame:
-        shared.PixelValueTransformationSequence = [_transformation("0.5", "-100")]
-    ds.SharedFunctionalGroupsSequence = [shared]
-    groups = []
-    for index in range(frames):
-        group, content = Dataset(), Dataset()
-        content.InStackPositionNumber = index + 1
-        group.FrameContentSequence = [content]
-        if per_frame:
-            group.PixelValueTransformationSequence = [_transformation(*_frame_rescale(index))]
-        groups.append(group)
-    ds.PerFrameFunctionalGroupsSequence = groups
-    return ds
-
-
-def _frame_bytes(index: int, base: np.ndarray, bits: tuple[int, int], signed: bool) -> bytes:
-    """Frame ``index``: a cheap formula of (frame, row, column) in ``bits_stored`` bits.
-
-    The value is ``(7 row + 3 column + 31 frame) * step mod 2**stored`` (``step``
-    spreads it over the range), shifted to the signed range when signed; the
-    unused high bits hold garbage that readers must mask.
-    """
-    allocated, stored = bits
-    span = 1 << stored
-    value = ((base + 31 * index) * max(1, span // 509)) % span
-    if signed:
-        value -= span // 2
-    raw = value & (span - 1)  # two's complement in `stored` bits
-    if stored < allocated:
-        garbage_mask = (1 << (allocated - stored)) - 1
-        rows = np.arange(base.shape[0], dtype=np.int64)[:, None]
-        raw |= ((rows + index) & garbage_mask) << stored
-    frame: bytes = raw.astype(f"<u{allocated // 8}").tobytes()
-    return frame
-
-
-@overload
-def synthetic_multiframe(
+def synthetic_rgb(
     frames: int,
     rows: int,
     columns: int,
-    *,
-    bits_allocated: int = ...,
-    bits_stored: int | None = ...,
-    signed: bool = ...,
-    per_frame_rescale: bool = ...,
-    path: None = None,
-) -> bytes: ...
-@overload
-def synthetic_multiframe(
-    frames: int,
-    rows: int,
-    columns: int,
-    *,
-    bits_allocated: int = ...,
-    bits_stored: int | None = ...,
-    signed: bool = ...,
-    per_frame_rescale: bool = ...,
-    path: str | os.PathLike[str],
-) -> Path: ...
-def synthetic_multiframe(
-    frames: int,
-    rows: int,
-    columns: int,
-    *,
-    bits_allocated: int = 16,
-    bits_stored: int | None = None,
-    signed: bool = False,
-    per_frame_rescale: bool = True,
-    path: str | os.PathLike[str] | None = None,
-) -> bytes | Path:
-    """An Enhanced-CT-like multi-frame object (explicit VR LE) with functional groups.
-
-    ``per_frame_rescale``: each frame gets its own Pixel Value Transformation
-    (slope ``0.5 + 0.25 (i mod 4)``, intercept ``-1024 + 8 (i mod 16)``); otherwise
-    the shared group holds one (slope 0.5, intercept -100). ``bits_stored``
-    defaults to 8, 12 or 24 for 8, 16 or 32 bits allocated. With ``path`` the
-    object is streamed to that file frame by frame and the path is returned.
-    """
-    if bits_allocated not in (8, 16, 32):
-        raise ValueError("bits_allocated must be 8, 16 or 32")
-    stored = bits_stored if bits_stored is not None else {8: 8, 16: 12, 32: 24}[bits_allocated]
-    if not 1 <= stored <= bits_allocated:
-        raise ValueError(f"bits_stored must be within 1..{bits_allocated}")
-    if frames * rows * columns * bits_allocated // 8 > MAX_NATIVE_PIXEL_BYTES:
-        raise ValueError("native Pixel Data is limited to 4 GiB - 2 bytes (32-bit length)")
-    bits = (bits_allocated, stored)
-    ds = _multiframe_header(frames, rows, columns, bits, signed, per_frame_rescale)
-    base = (np.arange(rows, dtype=np.int64)[:, None] * 7) + (
-        np.arange(columns, dtype=np.int64)[None, :] * 3
-    )
-    total = frames * rows * columns * bits_allocated // 8
-    pixels = (_frame_bytes(index, base, bits, signed) for index in range(frames))
-    if path is None:
-        buffer = io.BytesIO()
-        _write(buffer, ds, pixels, total)
-        return buffer.getvalue()
-    target = Path(path)
-    with target.open("wb") as fp:
-        _write(fp, ds, pixels, total)
-    return target
-
-
-def synthetic_rgb(frames: int, rows: int, columns: int, planar: bool = False) -> bytes:
+    planar: bool = False,
+    encapsulated: OffsetTable | None = None,
+) -> bytes:
     """An 8-bit RGB secondary capture (multi-frame true colour when ``frames`` > 1).
 
     The same pixels whatever ``planar`` is, so both layouts decode identically.
+    ``encapsulated``: Encapsulated Uncompressed with that offset table, as a
+    whole-slide image's tiles are (``synthetic_slide``).
     """
     sop_class = _MULTIFRAME_TRUE_COLOR_SC if frames > 1 else _SC_STORAGE
-    key = ("rgb", frames, rows, columns, planar)
-    ds = _base(sop_class, _uid(*key, "sop"), "OT", _uid(*key, "study"), _uid(*key, "series"))
+    key = ("rgb", frames, rows, columns, planar) + ((encapsulated,) if encapsulated else ())
+    ds = base_dataset(sop_class, uid(*key, "sop"), "OT", uid(*key, "study"), uid(*key, "series"))
     ds.NumberOfFrames = frames
     ds.SamplesPerPixel = 3
     ds.PhotometricInterpretation = "RGB"
@@ -359,8 +191,13 @@ def synthetic_rgb(frames: int, rows: int, columns: int, planar: bool = False) ->
     pixels = np.stack(np.broadcast_arrays(red, green, blue), axis=-1).astype(np.uint8)
     if planar:
         pixels = pixels.transpose(0, 3, 1, 2)
+    pixels = np.ascontiguousarray(pixels)
     buffer = io.BytesIO()
-    _write(buffer, ds, [np.ascontiguousarray(pixels).tobytes()], pixels.nbytes)
+    if encapsulated is None:
+        write_native(buffer, ds, [pixels.tobytes()], pixels.nbytes)
+    else:
+        tiles = (frame.tobytes() for frame in pixels)
+        write_encapsulated(buffer, ds, tiles, frames, pixels[0].nbytes, encapsulated)
     return buffer.getvalue()
 
 
@@ -385,10 +222,12 @@ def demo_objects(
     ct_slices: int = 20,
     multiframe_shape: tuple[int, int, int] = (200, 512, 512),
 ) -> list[Sample]:
-    """The demo's mixed set: pydicom's examples, a CT series, a big multi-frame, a PNG.
+    """The demo's mixed set: pydicom's examples, a CT series, a big multi-frame, a slide's
+    tiles (Encapsulated Uncompressed), a PNG.
 
     The multi-frame object (16-bit, per-frame rescale; 200 x 512 x 512 makes
-    ~105 MB) is written to ``directory``; everything else stays in memory (~11 MB).
+    ~105 MB) is written to ``directory``; everything else stays in memory (~11 MB,
+    and 35 MB of tiles: 180 of 256 x 256 RGB, larger than a default part).
     """
     samples = [
         Sample(f"pydicom/{name}", data, EXAMPLES_DEAD_LETTERED.get(name, OK))
@@ -399,6 +238,8 @@ def demo_objects(
     name = f"enhanced-ct-{frames}x{rows}x{columns}.dcm"
     path = synthetic_multiframe(frames, rows, columns, path=Path(directory) / name)
     samples.append(Sample(f"multiframe/{name}", path, OK))
+    slide = synthetic_rgb(180, 256, 256, encapsulated="basic")
+    samples.append(Sample("slide/tiles-180x256x256-encapsulated-uncompressed.dcm", slide, OK))
     key, png = not_dicom()
     samples.append(Sample(key, png, NotDicom.reason))
     return samples

@@ -209,6 +209,31 @@ def ct_small() -> bytes:
     return samples.example_bytes("CT_small.dcm")
 
 
+def encapsulated_small() -> bytes:
+    """Encapsulated Uncompressed, 4 frames of 32 x 32 16-bit with a Basic Offset Table:
+    one GET."""
+    return samples.synthetic_multiframe(4, 32, 32, encapsulated="basic")
+
+
+def encapsulated_large() -> bytes:
+    """Encapsulated Uncompressed, 40 frames of 64 x 64 16-bit, no offset table: ~330 KB,
+    the multi-range path at 64 KiB parts (seven frames a chunk)."""
+    return samples.synthetic_multiframe(40, 64, 64, encapsulated="none")
+
+
+def fragment_at(data: bytes, frame: int) -> int:
+    """Where frame ``frame``'s item header is (one fragment a frame, after the Basic
+    Offset Table item); ``frame`` = the frame count gives the Sequence Delimiter."""
+    table = pixel_tag_at(data) + 12
+    length = int(struct.unpack_from("<I", data, table + 4)[0])
+    fragment = int(struct.unpack_from("<I", data, table + 8 + length + 4)[0])
+    return table + 8 + length + frame * (8 + fragment)
+
+
+def set_u32(data: bytes, at: int, value: int) -> bytes:
+    return data[:at] + struct.pack("<I", value) + data[at + 4 :]
+
+
 # -- the bad objects -------------------------------------------------------------------
 
 
@@ -334,6 +359,46 @@ def _lying_headers() -> Iterator[BadObject]:
     yield BadObject("rescale-slope-nan", "lying-header", slope, MalformedDicom)
 
 
+def _encapsulated() -> Iterator[BadObject]:
+    """Encapsulated Uncompressed whose items contradict one frame a fragment."""
+    small, big = encapsulated_small(), encapsulated_large()
+    kind = "encapsulated"
+    for name, base in (("enc", small), ("ranged-enc", big)):
+        yield BadObject(
+            f"{name}-defined-length", kind, set_pixel_length(base, len(base)), MalformedDicom
+        )
+        first = fragment_at(base, 0)
+        yield BadObject(
+            f"{name}-first-fragment-short", kind, set_u32(base, first + 4, 2), MalformedDicom
+        )
+        middle = fragment_at(base, 3)  # ranged: inside the first chunk; 30: a later chunk
+        yield BadObject(f"{name}-frame-3-lies", kind, set_u32(base, middle + 4, 6), MalformedDicom)
+        end = fragment_at(base, samples_frames(base))
+        no_end = base[:end] + bytes(8) + base[end + 8 :]
+        yield BadObject(f"{name}-no-delimiter", kind, no_end, MalformedDicom)
+        yield BadObject(f"{name}-cut-before-delimiter", kind, base[:end], MalformedDicom)
+        yield BadObject(
+            f"{name}-cut-in-fragments", kind, base[: fragment_at(base, 3) + 100], MalformedDicom
+        )
+    later = fragment_at(big, 30)
+    yield BadObject("ranged-enc-frame-30-lies", kind, set_u32(big, later + 4, 8200), MalformedDicom)
+    tag = fragment_at(big, 20)
+    delimiter_early = big[:tag] + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0) + big[tag + 8 :]
+    yield BadObject("ranged-enc-delimiter-at-frame-20", kind, delimiter_early, MalformedDicom)
+    table = pixel_tag_at(small) + 12
+    yield BadObject("enc-offset-table-lies", kind, set_u32(small, table + 12, 7), MalformedDicom)
+    yield BadObject(
+        "enc-offset-table-odd-length", kind, set_u32(small, table + 4, 6), MalformedDicom
+    )
+
+
+def samples_frames(data: bytes) -> int:
+    """Number of Frames of an ``ingest.samples`` multi-frame object."""
+    at = data.index(b"\x28\x00\x08\x00IS")
+    length = struct.unpack_from("<H", data, at + 6)[0]
+    return int(data[at + 8 : at + 8 + length])
+
+
 def _nested() -> Iterator[BadObject]:
     ct, big = ct_small(), large_base()
     for levels in (300, 2000):
@@ -380,6 +445,7 @@ def bad_objects() -> list[BadObject]:
         *_not_dicom(),
         *_truncated(),
         *_lying_headers(),
+        *_encapsulated(),
         *_nested(),
         *_limits(),
         *_unsupported(),
@@ -409,6 +475,8 @@ def good_objects() -> list[GoodObject]:
     out.append(GoodObject("good/multiframe-ranged.dcm", large_base()))
     out.append(GoodObject("good/rgb-planar.dcm", samples.synthetic_rgb(3, 64, 80, planar=True)))
     out.append(GoodObject("good/rtdose.dcm", samples.example_bytes("rtdose.dcm")))
+    out.append(GoodObject("good/encapsulated.dcm", encapsulated_small()))
+    out.append(GoodObject("good/encapsulated-ranged.dcm", encapsulated_large()))
     nested = insert_before_pixels(ct_small(), nested_sequences(500, defined=True))
     out.append(GoodObject("good/nested-defined-500.dcm", nested))
     ranged_header = insert_before_pixels(ct_small(), private_ob(150 * 1024))  # under 256 KiB
@@ -548,7 +616,8 @@ def skipped_notifications(bucket: str, key: str) -> list[tuple[str, bytes]]:
 
 # -- mutations of a valid object (hypothesis) ------------------------------------------
 
-MUTATION_BASES: Final = (small_base, ct_small, large_base)  # single GET, single GET, ranged
+# single GET, single GET, ranged, ranged Encapsulated Uncompressed
+MUTATION_BASES: Final = (small_base, ct_small, large_base, encapsulated_large)
 MUTATION_KINDS: Final = ("flip", "set", "insert", "delete", "truncate")
 
 

@@ -9,16 +9,20 @@ pydicom's ``apply_modality_lut``), then the optional window, then the cast.
 
 from __future__ import annotations
 
+import struct
 import warnings
 from io import BytesIO
 
 import numpy as np
 from pydicom import dcmread
 from pydicom.dataset import Dataset
+from pydicom.encaps import generate_frames
 from pydicom.pixels.processing import apply_modality_lut
-from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
+from pydicom.uid import UID, ExplicitVRLittleEndian, ImplicitVRLittleEndian
 
-__all__ = ["frame_rescale", "reference_array"]
+ENCAPSULATED_UNCOMPRESSED = UID("1.2.840.10008.1.2.1.98")
+
+__all__ = ["as_native", "frame_rescale", "reference_array"]
 
 
 def frame_rescale(ds: Dataset) -> list[tuple[float, float]] | None:
@@ -51,6 +55,29 @@ def frame_rescale(ds: Dataset) -> list[tuple[float, float]] | None:
     return pairs
 
 
+def as_native(ds: Dataset) -> None:
+    """Encapsulated Uncompressed as the native Explicit VR Little Endian it stands for.
+
+    pydicom 3.0 has no decoder for this syntax; its frames are the native bytes,
+    one per fragment (padded to even), so they are taken out of the fragments
+    with pydicom's own ``generate_frames`` and decoded as native.
+    """
+    frames = int(ds.get("NumberOfFrames") or 1)
+    frame_bytes = (
+        int(ds.Rows) * int(ds.Columns) * int(ds.SamplesPerPixel) * int(ds.BitsAllocated) // 8
+    )
+    extended = ds.get("ExtendedOffsetTable")
+    offsets = None
+    if extended is not None:
+        offsets = (
+            list(struct.unpack(f"<{frames}Q", extended)),
+            list(struct.unpack(f"<{frames}Q", ds.ExtendedOffsetTableLengths)),
+        )
+    pieces = generate_frames(ds.PixelData, number_of_frames=frames, extended_offsets=offsets)
+    ds.PixelData = b"".join(frame[:frame_bytes] for frame in pieces)
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+
+
 def reference_array(data: bytes, window: tuple[float, float] | None, out_dtype: str) -> np.ndarray:
     """The array the worker must write for the object ``data``.
 
@@ -66,6 +93,8 @@ def reference_array(data: bytes, window: tuple[float, float] | None, out_dtype: 
             ds.file_meta.TransferSyntaxUID = (
                 ImplicitVRLittleEndian if implicit else ExplicitVRLittleEndian
             )
+        if ds.file_meta.TransferSyntaxUID == ENCAPSULATED_UNCOMPRESSED:
+            as_native(ds)
         arr = ds.pixel_array
     samples = int(ds.SamplesPerPixel)
     shape = (-1, int(ds.Rows), int(ds.Columns)) + ((samples,) if samples > 1 else ())

@@ -233,6 +233,45 @@ def test_cuda_thread_batch_equals_cpu_thread() -> None:
             assert g.device is None
 
 
+def test_pitched_frames_go_over_as_one_2d_copy_and_equal_the_twin() -> None:
+    """Frames one every ``pitch`` bytes of a pinned slot (Encapsulated Uncompressed: an
+    item header between frames) in one batch with contiguous jobs: the 2-D copy leaves
+    the bytes between frames behind, on the device and in the twin alike."""
+    rng = np.random.default_rng(21)
+    jobs, expected = [], []
+    with DeviceThread("cuda") as device, DeviceThread("cpu") as cpu:
+        slots = []
+        for i, fmt in enumerate(FORMATS):
+            pitch = fmt.frame_bytes + 8 + fmt.frame_bytes % 2
+            span = (fmt.frames - 1) * pitch + fmt.frame_bytes
+            slot = device.alloc_host(span)
+            slots.append(slot)
+            host = np.frombuffer(slot.view, np.uint8)
+            host[:] = np.frombuffer(rng.bytes(span), np.uint8)
+            rows = np.lib.stride_tricks.as_strided(host, (fmt.frames, fmt.frame_bytes), (pitch, 1))
+            samples = np.ascontiguousarray(rows).ravel()
+            transform = TRANSFORMS[i % len(TRANSFORMS)]
+            keep = i % 2 == 1
+            jobs.append(ChunkJob(slot.view, fmt, transform, 0, lambda: None, keep, pitch=pitch))
+            jobs.append(ChunkJob(memoryview(samples.tobytes()), fmt, transform, 0, lambda: None))
+            want = preprocess_numpy(samples, fmt, transform, 0)
+            expected += [want, want]
+        on_gpu = device.submit(jobs).result(timeout=60)
+        on_cpu = cpu.submit(jobs).result(timeout=60)
+        stats = device.stats()
+    for job, g, c, want in zip(jobs, on_gpu, on_cpu, expected, strict=True):
+        assert isinstance(g, ChunkResult)
+        assert isinstance(c, ChunkResult)
+        assert g.host is not None
+        assert c.host is not None
+        assert_identical(g.host, want)
+        assert_identical(c.host, want)
+        if job.keep_on_device:
+            assert_identical(cp.asnumpy(g.device), want)
+    assert stats["bytes_h2d"] == sum(2 * fmt.total_bytes for fmt in FORMATS)
+    assert stats["pageable_h2d_jobs"] == len(FORMATS)  # the contiguous copies' bytes
+
+
 def test_keep_on_device_without_host_copy_and_a_bad_job() -> None:
     fmt, transform = FORMATS[2], TRANSFORMS[5]
     raw = np.random.default_rng(4).bytes(fmt.total_bytes)
@@ -383,8 +422,17 @@ def test_h2d_throughput_report() -> None:
         size = fmt.total_bytes
         pinned = [ring.view[i * size : (i + 1) * size] for i in range(8)]
         pageable = [memoryview(bytearray(size)) for _ in range(8)]
-        for name, views in (("pinned", pinned), ("pageable", pageable)):
-            jobs = [ChunkJob(v, fmt, transform, 0, lambda: None) for v in views]
+        # 63 frames of 512 x 512 a fragment each (Encapsulated Uncompressed) in 32 MiB
+        tile = PixelFormat(512, 512, 63, 1, 16, 12, True, False)
+        pitch = tile.frame_bytes + 8
+        span = 62 * pitch + tile.frame_bytes
+        pitched = [ring.view[i * size : i * size + span] for i in range(8)]
+        for name, views in (("pinned", pinned), ("pageable", pageable), ("pitched", pitched)):
+            if name == "pitched":
+                jobs = [ChunkJob(v, tile, transform, 0, lambda: None, pitch=pitch) for v in views]
+                size = tile.total_bytes
+            else:
+                jobs = [ChunkJob(v, fmt, transform, 0, lambda: None) for v in views]
             device.submit(jobs).result(timeout=60)
             started = time.perf_counter()
             results = device.submit(jobs).result(timeout=60)

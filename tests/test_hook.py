@@ -51,6 +51,8 @@ async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
     objects = dict(synthetic_ct_series(2, rows=64, columns=64))
     objects["big/mf.dcm"] = synthetic_multiframe(9, 96, 128)  # several 64 KiB chunks
     objects["big/mf2.dcm"] = synthetic_multiframe(24, 192, 128)  # 1.2 MB: two tree leaves
+    # Encapsulated Uncompressed: chunks of frames a fragment each, item headers between
+    objects["slide/mf.dcm"] = synthetic_multiframe(9, 96, 128, encapsulated="extended")
     names = await _published(stack, objects)
     hook_probe.CHUNKS.clear()
     settings = harness.make_settings(

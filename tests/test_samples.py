@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import struct
 import warnings
 from io import BytesIO
 from pathlib import Path
@@ -12,9 +13,14 @@ import numpy as np
 import pytest
 from pydicom import dcmread
 from pydicom.dataset import FileDataset
+from pydicom.encaps import generate_frames
 
 from ingest import samples
 from ingest.errors import NotDicom, UnsupportedDicom
+from ingest.fragments import ENCAPSULATED_UNCOMPRESSED
+from ingest.sample_parts import OffsetTable, write_encapsulated
+from ingest.samples_multiframe import synthetic_multiframe
+from ingest.settings import Settings
 
 
 def read(data: bytes) -> FileDataset:
@@ -119,6 +125,48 @@ def test_rgb_planar_layouts_decode_the_same() -> None:
     assert len(single.PixelData) == 28
 
 
+@pytest.mark.parametrize("offsets", ["basic", "extended", "none"])
+def test_encapsulated_uncompressed_holds_the_native_frames(offsets: OffsetTable) -> None:
+    """The same frames in both syntaxes: pydicom finds them in the fragments (with each
+    offset table), one per fragment, padded to even."""
+    for native, encapsulated in (
+        (samples.synthetic_rgb(5, 17, 9), samples.synthetic_rgb(5, 17, 9, encapsulated=offsets)),
+        (
+            synthetic_multiframe(4, 20, 24, bits_allocated=32, signed=True),
+            synthetic_multiframe(4, 20, 24, bits_allocated=32, signed=True, encapsulated=offsets),
+        ),
+    ):
+        ds = read(encapsulated)
+        assert str(ds.file_meta.TransferSyntaxUID) == ENCAPSULATED_UNCOMPRESSED
+        assert ("ExtendedOffsetTable" in ds) == (offsets == "extended")
+        frames = int(ds.NumberOfFrames)
+        table = None
+        if offsets == "extended":
+            table = (
+                list(struct.unpack(f"<{frames}Q", ds.ExtendedOffsetTable)),
+                list(struct.unpack(f"<{frames}Q", ds.ExtendedOffsetTableLengths)),
+            )
+        pieces = list(
+            generate_frames(ds.PixelData, number_of_frames=frames, extended_offsets=table)
+        )
+        assert len(pieces) == frames
+        frame = len(read(native).PixelData.rstrip(b"\0")) // frames  # no pad in these
+        # the Extended Offset Table's lengths are the frames' (the fragments may be padded)
+        assert all(len(p) in (frame, frame + frame % 2) for p in pieces)
+        assert b"".join(p[:frame] for p in pieces) == read(native).PixelData[: frames * frame]
+
+
+def test_encapsulated_writer_refuses_what_it_cannot_write() -> None:
+    ds = read(samples.synthetic_rgb(2, 4, 4))
+    del ds.PixelData
+    with pytest.raises(ValueError, match="not 48"):
+        write_encapsulated(BytesIO(), ds, [bytes(48), bytes(47)], 2, 48)
+    with pytest.raises(ValueError, match="1 frames written, not 2"):
+        write_encapsulated(BytesIO(), ds, [bytes(48)], 2, 48)
+    with pytest.raises(ValueError, match="Basic Offset Table"):
+        write_encapsulated(BytesIO(), ds, iter(()), 2**20, 4096 + 1)  # past 4 GiB
+
+
 def test_not_dicom() -> None:
     name, data = samples.not_dicom()
     assert name.endswith(".png")
@@ -129,7 +177,11 @@ def test_not_dicom() -> None:
 def test_demo_objects(tmp_path: Path) -> None:
     objects = samples.demo_objects(tmp_path, ct_slices=2, multiframe_shape=(3, 16, 16))
     keys = [o.key for o in objects]
-    assert len(keys) == len(set(keys)) == len(samples.pydicom_examples()) + 2 + 1 + 1
+    assert len(keys) == len(set(keys)) == len(samples.pydicom_examples()) + 2 + 1 + 1 + 1
+    (slide,) = [o for o in objects if o.key.startswith("slide/")]
+    assert str(read(slide.read()).file_meta.TransferSyntaxUID) == ENCAPSULATED_UNCOMPRESSED
+    part_size = inspect.signature(Settings).parameters["part_size"].default
+    assert slide.size > part_size  # the demo's ranged Encapsulated Uncompressed
     expect = {o.key: o.expect for o in objects}
     assert expect["pydicom/CT_small.dcm"] == "ok"
     assert expect["pydicom/JPEG2000.dcm"] == UnsupportedDicom.reason

@@ -50,6 +50,14 @@ def corpus() -> dict[str, bytes]:
         "signed/mf.dcm": synthetic_multiframe(5, 64, 64, bits_allocated=16, signed=True),
         "rgb/planar.dcm": synthetic_rgb(3, 64, 80, planar=True),
         "rgb/interleaved.dcm": synthetic_rgb(2, 33, 17, planar=False),
+        # Encapsulated Uncompressed (a frame a fragment): ranged whole frames, a frame
+        # larger than a part (split inside its fragment), and one GET with odd frames
+        "slide/tiles.dcm": synthetic_rgb(12, 48, 40, encapsulated="basic"),
+        "slide/extended-table.dcm": synthetic_multiframe(9, 96, 80, encapsulated="extended"),
+        "slide/frames-over-a-part.dcm": synthetic_multiframe(3, 200, 180, encapsulated="none"),
+        "slide/odd-8-bit.dcm": synthetic_multiframe(
+            5, 15, 13, bits_allocated=8, encapsulated="basic"
+        ),
     }
     for key, data in synthetic_ct_series(3, rows=128, columns=128):
         objects[f"ct/{key}"] = data
@@ -153,6 +161,8 @@ async def test_tree_hash_of_every_object_whatever_order_its_ranges_arrive(stack:
     objects = corpus()
     padding = b"\xfc\xff\xfc\xffOB\x00\x00" + (300_000).to_bytes(4, "little") + bytes(300_000)
     objects["trailer/mf.dcm"] = synthetic_multiframe(6, 96, 128) + padding  # read for the hash
+    trailed = synthetic_multiframe(6, 96, 128, encapsulated="basic") + padding
+    objects["trailer/encapsulated.dcm"] = trailed  # after the Sequence Delimiter
     objects["leaves/mf.dcm"] = synthetic_multiframe(40, 192, 128)  # 2 MB: two leaves and a bit
     await harness.upload(stack, names.source_bucket, objects.items())
     await harness.publish(

@@ -18,7 +18,7 @@ import numpy as np
 
 import gpu.preprocess
 from gpu.formats import PixelFormat, Transform
-from ingest.samples import _frame_rescale
+from ingest.samples_multiframe import frame_rescale as _frame_rescale
 
 
 def best_seconds(raw: np.ndarray, fmt: PixelFormat, transform: Transform, repeats: int) -> float:
