@@ -174,13 +174,14 @@ class KvikioReader:
                 raise RuntimeError("the header does not end inside the object")
             length = min(size, max(parsed.at_least, length * 2))
         fmt, at, pitch = parsed.pixel, parsed.pixel_offset, parsed.frame_pitch
-        raw = view[at : at + parsed.pixel_length]
         if pitch:  # Encapsulated Uncompressed: gather the frames on the device
             base = view[at : at + (fmt.frames - 1) * pitch + fmt.frame_bytes]
             rows = cupy.lib.stride_tricks.as_strided(
                 base, (fmt.frames, fmt.frame_bytes), (pitch, 1)
             )
             raw = cupy.ascontiguousarray(rows).ravel()
+        else:
+            raw = view[at : at + parsed.pixel_length]
         out = preprocess_cupy(raw, fmt, parsed.transform(None, "float32"), 0)
         return int(out.nbytes)
 

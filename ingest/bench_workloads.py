@@ -150,8 +150,6 @@ def prepare_workloads(
 
     Raises:
         ValueError: a native object past 4 GiB - 2 bytes of Pixel Data.
-
-    Raises:
         botocore.exceptions.ClientError: an upload failed.
     """
     client = target.client()

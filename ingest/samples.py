@@ -6,8 +6,11 @@ synthetic objects are written with pydicom (header) plus NumPy (pixels). Big
 multi-frame objects are streamed to a file one frame at a time, so their size
 is bounded by the disk, not by memory.
 
-A native Pixel Data element carries a 32-bit length, so one uncompressed object
-holds at most 4 GiB - 2 bytes of pixels (``MAX_NATIVE_PIXEL_BYTES``).
+A native Pixel Data element carries a 32-bit length, so a native object holds at
+most 4 GiB - 2 bytes of pixels (``MAX_NATIVE_PIXEL_BYTES``); the writers of
+``ingest.sample_parts`` also write Encapsulated Uncompressed, a frame a fragment,
+with no such limit (``encapsulated=`` of ``synthetic_multiframe`` and
+``synthetic_rgb``).
 """
 
 from __future__ import annotations
