@@ -1,5 +1,11 @@
 """structlog set-up: JSON lines for the worker (machines read them), console for people.
 
+Each line goes out in one ``write`` (structlog's ``WriteLogger``; its
+``PrintLogger`` writes the newline separately): supervised children share
+the parent's stderr, and two lines written at the same instant must not
+interleave, or a log reader sees ``{...}{...}`` and loses both records.
+A line up to ``PIPE_BUF`` (4 KiB) is atomic on a pipe.
+
 Logs never carry patient data: object keys appear only as ``worker.key_digest``
 and DICOM header values not at all; the results topic and the encrypted audit
 trail are where keys and UIDs live.
@@ -29,7 +35,7 @@ def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(level, logging.WARNING), stream=sys.stderr)

@@ -1,0 +1,71 @@
+"""The log set-up: one JSON record a line, each line in one write."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from ingest.logs import configure_logging
+
+
+class WriteRecorder:
+    """A stderr stand-in that keeps every ``write`` call apart."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def recorder() -> Iterator[WriteRecorder]:
+    """Swapped in by ``configure_into``, not here: pytest swaps its own capture
+    stream into ``sys.stderr`` at the start of each test phase."""
+    saved = structlog.get_config()
+    stream = WriteRecorder()
+    yield stream
+    structlog.configure(**saved)
+
+
+def configure_into(recorder: WriteRecorder, monkeypatch: pytest.MonkeyPatch, level: int) -> None:
+    monkeypatch.setattr("sys.stderr", recorder)
+    configure_logging(json=True, level=level)
+
+
+def test_each_record_is_one_write_of_one_whole_line(
+    recorder: WriteRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Supervised children share the parent's stderr: a line written in two parts
+    (message, then newline) can interleave with a sibling's line."""
+    configure_into(recorder, monkeypatch, logging.INFO)
+    log = structlog.get_logger()
+    log.info("worker stopped", worker="sup-0", records=12)
+    log.warning("retrying", attempt=2)
+    assert len(recorder.writes) == 2
+    for text in recorder.writes:
+        assert text.endswith("\n")
+        assert text.count("\n") == 1
+    records = [json.loads(text) for text in recorder.writes]
+    assert [r["event"] for r in records] == ["worker stopped", "retrying"]
+    assert records[0]["worker"] == "sup-0"
+    assert records[0]["level"] == "info"
+
+
+def test_level_filters_below_it(recorder: WriteRecorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    configure_into(recorder, monkeypatch, logging.WARNING)
+    log = structlog.get_logger()
+    log.info("quiet")
+    log.error("loud")
+    assert [json.loads(t)["event"] for t in recorder.writes] == ["loud"]
