@@ -26,7 +26,7 @@ class ChunkJob:
     """One chunk of raw samples to preprocess.
 
     ``data`` is read-only for the device thread and must stay untouched until
-    ``on_consumed`` is called. ``keep_on_device`` returns the CuPy output too
+    ``on_consumed`` is called. ``keep_on_device`` returns the output as a CuPy array too
     (for a user hook; ignored on the CPU backend); ``want_host=False`` then
     skips the copy back to the host. ``on_result`` (a user hook) is called on
     the device thread with the finished result, before the batch's future
@@ -87,6 +87,8 @@ class Runner(Protocol):
     def run(self, jobs: Sequence[ChunkJob]) -> list[ChunkResult | BaseException]: ...
 
     def stats(self) -> dict[str, int | float]: ...
+
+    def enable_device_arrays(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -163,6 +165,9 @@ class CpuRunner:
 
     def stats(self) -> dict[str, int | float]:
         return dict(self._stats)
+
+    def enable_device_arrays(self) -> None:
+        pass  # a hook gets NumPy arrays here
 
     def close(self) -> None:
         pass

@@ -21,13 +21,13 @@ never flushed.
 Loading: the package ships the kernel compiled for the GPUs we measure on
 (``gpu/cubin/``, made by ``python -m gpu.build_cubin`` on such a GPU, with the
 SHA-256 of ``SOURCE`` it was built from). On a GPU of that architecture the
-worker loads it with ``cupy.cuda.Module`` and never loads NVRTC: no compile at
-start-up (a fresh container has no kernel cache) and 41-82 MiB less resident
-memory, with CuPy's kernel cache warm or cold (``tests/rss_cost.py``).
-Elsewhere, or if the shipped build is not of this ``SOURCE``, CuPy compiles
-the source with NVRTC and caches it on disk.
+worker loads it through the driver (``gpu.driver``) and never loads NVRTC or
+CuPy: no compile at start-up (a fresh container has no kernel cache) and
+41-82 MiB less resident memory than NVRTC, with CuPy's kernel cache warm or
+cold (``tests/rss_cost.py``). Elsewhere, or if the shipped build is not of this
+``SOURCE``, CuPy compiles the source with NVRTC and caches it on disk.
 
-Importing this module needs NumPy only; CuPy is imported when a kernel is built.
+Importing this module needs NumPy only.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -224,46 +225,70 @@ def shipped_cubin(compute_capability: str) -> bytes | None:
     return folder.joinpath(name).read_bytes()
 
 
+@dataclass(frozen=True, slots=True)
+class LoadedKernel:
+    """The kernel in a device's primary context: its ``CUfunction`` handle, where it came
+    from (``"shipped"`` or ``"nvrtc"``), and what keeps its module loaded."""
+
+    function: int
+    origin: str
+    keep: Any
+
+
 @functools.cache
-def _kernel(device_id: int) -> tuple[Any, str]:
-    """The kernel function on this device (a module is loaded per device), and where it
-    came from: ``"shipped"`` or ``"nvrtc"``."""
-    import cupy
+def _kernel(device_index: int) -> LoadedKernel:
+    """Load the shipped cubin through the driver; where none fits, compile with CuPy's
+    NVRTC (cached on disk by CuPy) into the same primary context."""
+    from gpu import driver
 
-    cubin = shipped_cubin(str(cupy.cuda.Device(device_id).compute_capability))
+    context = driver.primary_context(device_index)
+    cubin = shipped_cubin(context.compute_capability)
     if cubin is not None:
-        module = cupy.cuda.Module()
-        module.load(cubin)
-        return module.get_function(KERNEL_NAME), "shipped"
-    kernel = cupy.RawKernel(SOURCE, KERNEL_NAME)
-    kernel.compile()  # NVRTC, cached on disk by CuPy
-    return kernel, "nvrtc"
+        module = driver.Module(cubin, KERNEL_NAME)
+        return LoadedKernel(module.function, "shipped", module)
+    try:
+        import cupy
+    except ImportError as exc:
+        raise RuntimeError(
+            f"no kernel ships for sm_{context.compute_capability} and CuPy, which would "
+            "compile one with NVRTC, is not installed (pip install 'dicom-ingest[cuda]')"
+        ) from exc
+    with cupy.cuda.Device(device_index):
+        raw = cupy.RawKernel(SOURCE, KERNEL_NAME)
+        function = raw.kernel  # compiles (NVRTC) and loads into the primary context
+    return LoadedKernel(int(function.ptr), "nvrtc", (raw, function))
 
 
-def compile_kernel() -> str:
-    """Load or build the kernel for the current device now, not at the first launch.
+def compile_kernel(device_index: int = 0) -> str:
+    """Load or build the kernel for the device now, not at the first launch.
 
     Returns ``"shipped"`` or ``"nvrtc"``.
+
+    Raises:
+        gpu.driver.CudaError: the driver refused the module.
+        RuntimeError: no cubin fits this GPU and CuPy is not there to compile one.
     """
-    import cupy
-
-    return _kernel(cupy.cuda.Device().id)[1]
+    return _kernel(device_index).origin
 
 
-def launch(params: Any, fparams: Any, table: Any, chunks: int, max_n: int) -> None:
-    """Launch the batch kernel on the current CuPy stream (device copies of ``pack_params``).
+def launch(
+    params: int, fparams: int, table: int, chunks: int, max_n: int, stream: int, device_index: int
+) -> None:
+    """Launch the batch kernel on ``stream`` over the device copies of ``pack_params``
+    (device pointers), with the device's primary context current on this thread.
 
     Batches of more than ``MAX_GRID_Y`` chunks take one launch per ``MAX_GRID_Y``.
     """
-    import cupy
+    from gpu import driver
 
-    kernel = _kernel(cupy.cuda.Device().id)[0]
-    params, fparams = params.ravel(), fparams.ravel()
+    function = _kernel(device_index).function
     grid_x = max(1, min(-(-max_n // THREADS), MAX_GRID_X))
     for first in range(0, chunks, MAX_GRID_Y):
         rows = min(MAX_GRID_Y, chunks - first)
-        kernel(
+        driver.launch(
+            function,
             (grid_x, rows, 1),
             (THREADS, 1, 1),
-            (params[first * P_COUNT :], fparams[first * FP_COUNT :], table),
+            (params + first * P_COUNT * 8, fparams + first * FP_COUNT * 8, table),
+            stream,
         )

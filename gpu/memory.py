@@ -2,10 +2,11 @@
 
 Only pinned memory lets a host-to-device copy run asynchronously at full
 speed; pageable memory is staged by the driver (DESIGN.md 5: 55 GB/s pinned
-against 10-17 GB/s pageable on an H200). Pinned memory must be allocated on the
-device thread (``DeviceThread.alloc_host`` does that), because CuPy is used only
-there. Every buffer's usable region starts on a 64 KiB boundary: the
-allocation is over-sized by one alignment and the region offset into it.
+against 10-17 GB/s pageable on an H200). Pinned memory is allocated on the
+device thread (``DeviceThread.alloc_host`` does that), where the device's
+context is current, through the driver (``gpu.driver``). Every buffer's
+usable region starts on a 64 KiB boundary: the allocation is over-sized by
+one alignment and the region offset into it.
 
 ``COUNTERS`` counts every host allocation made here, so a benchmark can show
 that steady state allocates nothing per object.
@@ -99,39 +100,40 @@ class HostBuffer:
         self.close()
 
 
-def pinned_memory(nbytes: int) -> Any:
-    """Exactly ``nbytes`` of page-locked memory (``cudaHostAlloc``), freed with the object.
+def pinned_memory(nbytes: int, device_index: int = 0) -> Any:
+    """Exactly ``nbytes`` of page-locked memory (``cuMemHostAlloc``), freed with the object.
 
     Not ``cupy.cuda.alloc_pinned_memory``: its pool rounds every request up to a
     power of two (a 768 MiB ring took 1 GiB of locked memory, a 512 MiB one
     twice its size; ``python3 -m tests.rss_cost``) and keeps freed blocks
-    locked for reuse. The result supports the buffer protocol and has ``ptr``.
+    locked for reuse; and the worker does not import CuPy. The result supports
+    the buffer protocol; ``ctypes.addressof`` gives its first byte.
     """
-    import cupy
+    from gpu import driver
 
-    return cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(nbytes), 0)
+    return driver.pinned_array(driver.primary_context(device_index), nbytes)
 
 
-def alloc_host(nbytes: int, *, pinned: bool) -> HostBuffer:
+def alloc_host(nbytes: int, *, pinned: bool, device_index: int = 0) -> HostBuffer:
     """Allocate ``nbytes`` of host memory, 64 KiB aligned.
 
-    ``pinned=True`` takes page-locked memory from CuPy (call it on the device
-    thread); otherwise an anonymous private mapping, page-aligned by the kernel.
+    ``pinned=True`` takes page-locked memory from the CUDA driver for
+    ``device_index``'s context (call it on the device thread); otherwise an
+    anonymous private mapping, page-aligned by the kernel.
 
     Raises:
         ValueError: ``nbytes`` is negative.
-        ImportError: ``pinned=True`` without CuPy.
-        MemoryError: the allocation failed (CuPy's OutOfMemoryError is one).
+        OSError: ``pinned=True`` where there is no CUDA driver.
+        MemoryError: the allocation failed.
     """
     if nbytes < 0:
         raise ValueError(f"cannot allocate {nbytes} bytes")
     total = nbytes + ALIGNMENT
     owner: Any
     if pinned:
-        owner = pinned_memory(total)
-        base = int(owner.ptr)
-        # CuPy's documented idiom; the array holds a reference to the allocation.
-        whole = np.frombuffer(owner, dtype=np.uint8, count=total)
+        owner = pinned_memory(total, device_index)
+        base = ctypes.addressof(owner)
+        whole = np.frombuffer(owner, dtype=np.uint8, count=total)  # holds the allocation
     else:
         owner = mmap.mmap(-1, total)
         probe = ctypes.c_char.from_buffer(owner)

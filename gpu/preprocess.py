@@ -278,7 +278,8 @@ def preprocess_cupy(
     out: Any = None,
     stream: Any = None,
 ) -> Any:
-    """The device twin of ``preprocess_numpy`` for one chunk already on the GPU.
+    """The device twin of ``preprocess_numpy`` for one chunk already on the GPU, for
+    callers that hold CuPy arrays (the worker itself does not use CuPy).
 
     ``raw_dev`` is a 1-D uint8 CuPy array; returns (or fills) a 1-D ``out_dtype``
     CuPy array. Runs asynchronously on ``stream`` (the current stream when None).
@@ -289,12 +290,13 @@ def preprocess_cupy(
     """
     import cupy
 
-    from gpu import kernel
+    from gpu import driver, kernel
 
     if raw_dev.ndim != 1 or raw_dev.dtype != cupy.uint8 or not raw_dev.flags.c_contiguous:
         raise ValueError("raw_dev must be a contiguous 1-D uint8 CuPy array")
     plan = plan_chunk(raw_dev.nbytes, fmt, transform, first_element)
     current = stream if stream is not None else cupy.cuda.get_current_stream()
+    device = int(raw_dev.device.id)
     with current:
         if out is None:
             out = cupy.empty(plan.n, dtype=plan.out_dtype)
@@ -308,5 +310,7 @@ def preprocess_cupy(
             ints, floats, table = kernel.pack_params([plan], [raw_dev.data.ptr], [out.data.ptr])
             # Device copies of the parameters are freed into CuPy's pool, which
             # reuses memory on this stream only after the launch below: safe.
-            kernel.launch(cupy.asarray(ints), cupy.asarray(floats), cupy.asarray(table), 1, plan.n)
+            p, f, t = (cupy.asarray(a) for a in (ints, floats, table))
+            driver.primary_context(device)  # current on this thread, as CuPy's is
+            kernel.launch(p.data.ptr, f.data.ptr, t.data.ptr, 1, plan.n, int(current.ptr), device)
     return out

@@ -1,7 +1,8 @@
-"""The dedicated device thread: the only thread that calls CuPy.
+"""The dedicated device thread: the only thread that calls CUDA.
 
-One ``threading.Thread`` owns the device, its non-blocking CUDA stream, the
-staging arenas and the CUDA events (``gpu.transfer.CudaRunner``), or the NumPy
+One ``threading.Thread`` owns the device's context, its non-blocking CUDA
+stream, the staging arenas and the CUDA events (``gpu.transfer.CudaRunner``,
+through the driver: ``gpu.driver``), or the NumPy
 twin (``gpu.jobs.CpuRunner``) when CUDA is absent. Work reaches it through a
 FIFO queue and comes back through ``concurrent.futures.Future``\\s, which the
 asyncio side awaits with ``asyncio.wrap_future``: nothing here blocks a loop.
@@ -30,18 +31,18 @@ Device = Literal["auto", "cuda", "cpu"]
 
 
 def cuda_unavailable_reason() -> str | None:
-    """None when CuPy imports and sees a CUDA device, else why not.
+    """None when the CUDA driver loads and sees a device, else why not.
 
-    This probe is the one CuPy call made off the device thread; it counts
-    devices and creates no CUDA context.
+    This probe is the one CUDA call made off the device thread; it initialises
+    the driver, counts devices and creates no CUDA context. CuPy is not needed.
     """
+    from gpu import driver
+
     try:
-        import cupy
-    except Exception as exc:  # ImportError, or a broken CUDA install
-        return f"cupy cannot be imported ({type(exc).__name__}: {exc})"
-    try:
-        count = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:
+        count = driver.device_count()
+    except OSError as exc:
+        return f"the CUDA driver (libcuda.so.1) cannot be loaded ({exc})"
+    except Exception as exc:  # CudaError: no device, a broken install
         return f"no usable CUDA driver ({type(exc).__name__}: {exc})"
     return None if count > 0 else "no CUDA device is visible"
 
@@ -151,12 +152,27 @@ class DeviceThread:
 
         def run() -> HostBuffer:
             self._counts["host_allocations"] += 1
-            return alloc_host(nbytes, pinned=pinned)
+            return alloc_host(nbytes, pinned=pinned, device_index=self._device_index)
 
         if self._thread is threading.current_thread():
             return run()
         result: HostBuffer = self._put(_Work(run, concurrent.futures.Future())).result()
         return result
+
+    def enable_device_arrays(self) -> None:
+        """Load what hands a hook its outputs on the device now (CuPy, on CUDA), so that
+        a missing CuPy fails start-up, not the first object; waits for it.
+
+        Raises:
+            ImportError: the backend is CUDA and CuPy is not installed.
+            RuntimeError: the thread is closed.
+        """
+
+        def run() -> None:
+            assert self._runner is not None
+            self._runner.enable_device_arrays()
+
+        self._put(_Work(run, concurrent.futures.Future())).result()
 
     def stats(self) -> dict[str, int | float]:
         """Counters of the thread, its runner and host allocations (a snapshot)."""

@@ -10,8 +10,10 @@ Facts this module relies on:
 - Copies and kernels issued to one stream execute in issue order, each after
   the previous one completed. So the kernel sees every H2D copy issued before it,
   and a D2H copy issued after it sees its output, with no extra synchronisation.
-- Copies and event records are issued through ``gpu.enqueue`` (the driver,
-  keeping the GIL), so nothing else runs between an event and its copy.
+- Every CUDA call goes to the driver (``gpu.driver``; copies, event records and
+  the launch keep the GIL, so nothing else runs between an event and its
+  copy). CuPy is imported only when a job keeps its output on the device for
+  a hook: those arrays are CuPy's, from its memory pool, on this stream.
 - A chunk of pitched frames (Encapsulated Uncompressed: an item header between
   frames) goes over as one 2-D copy (``cuMemcpy2DAsync``: a row a frame, the
   host pitch the frame's, the device pitch the frame's bytes), so the device
@@ -19,8 +21,10 @@ Facts this module relies on:
 - A host slot may be reused only once the event recorded right after its H2D
   copy has completed: until then the DMA engine may still be reading it. That is
   when ``on_consumed`` is called (on this thread), before the kernel finishes.
-- A CuPy memory-pool block freed while the stream still uses it is reused only
-  by work on the same stream, which runs later: stream order keeps it safe.
+- An arena grows by freeing its block (``cuMemFree`` waits for the device) after
+  the last batch was synchronised. A CuPy memory-pool block (a hook's array)
+  freed while the stream still uses it is reused only by work on the same
+  stream, which runs later: stream order keeps it safe.
 
 Memory: device input, device output, pinned output staging and the parameter
 buffers are grow-only arenas rounded up to a power of two, so a steady stream
@@ -33,20 +37,22 @@ callers own their results outright.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from gpu import kernel
+from gpu import driver, kernel
 from gpu.enqueue import Enqueue
 from gpu.formats import pitched_frames
 from gpu.jobs import ChunkJob, ChunkResult, consume, host_bytes
 from gpu.memory import COUNTERS, pinned_memory
 from gpu.preprocess import ChunkPlan, plan_chunk
 
-_ALIGN = 512  # offsets of chunks inside the arenas (CuPy's own allocation granularity)
+_ALIGN = 512  # offsets of chunks inside the arenas (CuPy's allocation granularity too)
 _MIN_ARENA = 1 << 20
 _PINNED_CACHE = 4096  # addresses whose pinned-or-not answer is kept
 
@@ -56,10 +62,12 @@ def _round(n: int) -> int:
 
 
 class _Arena:
-    """A grow-only buffer, device (``cupy.empty``) or pinned host (``pinned_memory``)."""
+    """A grow-only buffer, device (``cuMemAlloc``) or pinned host (``pinned_memory``)."""
 
-    def __init__(self, cupy: Any, *, pinned: bool, stats: dict[str, int | float]) -> None:
-        self._cupy = cupy
+    def __init__(
+        self, context: driver.Context, *, pinned: bool, stats: dict[str, int | float]
+    ) -> None:
+        self._context = context
         self._pinned = pinned
         self._stats = stats
         self.memory: Any = None
@@ -72,13 +80,13 @@ class _Arena:
         size = max(_MIN_ARENA, 1 << (nbytes - 1).bit_length())
         self.memory = None  # the caller synchronised the last batch: nothing uses it
         if self._pinned:
-            self.memory = pinned_memory(size)
-            self.ptr = int(self.memory.ptr)
+            self.memory = pinned_memory(size, self._context.device_index)
+            self.ptr = ctypes.addressof(self.memory)
             COUNTERS.add(size, pinned=True)
             self._stats["pinned_staging_allocations"] += 1
         else:
-            self.memory = self._cupy.empty(size, dtype=self._cupy.uint8)
-            self.ptr = int(self.memory.data.ptr)
+            self.memory = driver.DeviceMemory(self._context, size)
+            self.ptr = self.memory.ptr
             self._stats["device_allocations"] += 1
             self._stats["device_bytes"] += size
         self.capacity = size
@@ -89,17 +97,14 @@ class _Arena:
 
 
 class CudaRunner:
-    """Owns the device, one non-blocking stream and the staging arenas (device thread only)."""
+    """Owns the device's context, one non-blocking stream and the staging arenas
+    (device thread only)."""
 
     backend = "cuda"
 
     def __init__(self, device_index: int = 0) -> None:
-        import cupy
-
-        self._cp = cupy
-        self._rt = cupy.cuda.runtime
-        cupy.cuda.Device(device_index).use()
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._context = driver.primary_context(device_index)  # current on this thread
+        self.stream = driver.Stream(self._context)
         self._stats: dict[str, int | float] = dict.fromkeys(
             (
                 "jobs",
@@ -115,15 +120,30 @@ class CudaRunner:
             ),
             0,
         )
-        self._dev_in = _Arena(cupy, pinned=False, stats=self._stats)
-        self._dev_out = _Arena(cupy, pinned=False, stats=self._stats)
-        self._dev_params = _Arena(cupy, pinned=False, stats=self._stats)
-        self._host_out = _Arena(cupy, pinned=True, stats=self._stats)
-        self._host_params = _Arena(cupy, pinned=True, stats=self._stats)
-        self._events: list[Any] = []
-        self._issue = Enqueue(cupy)  # copies and events issued without a GIL hand-over
+        arena = functools.partial(_Arena, self._context, stats=self._stats)
+        self._dev_in = arena(pinned=False)
+        self._dev_out = arena(pinned=False)
+        self._dev_params = arena(pinned=False)
+        self._host_out = arena(pinned=True)
+        self._host_params = arena(pinned=True)
+        self._events: list[driver.Event] = []
+        self._issue = Enqueue()  # copies, events and the launch keep the GIL
         self._pinned_at: dict[int, bool] = {}
-        kernel.compile_kernel()  # compile errors surface at start-up, not in the first batch
+        self._arrays: _DeviceArrays | None = None
+        kernel.compile_kernel(device_index)  # a missing kernel fails start-up, not a batch
+
+    def enable_device_arrays(self) -> None:
+        """Import CuPy now (a hook is set), not in the first batch that keeps its output.
+
+        Raises:
+            ImportError: CuPy is not installed.
+        """
+        self._device_arrays()
+
+    def _device_arrays(self) -> _DeviceArrays:
+        if self._arrays is None:
+            self._arrays = _DeviceArrays(self._context.device_index, self.stream.handle)
+        return self._arrays
 
     def stats(self) -> dict[str, int | float]:
         return dict(self._stats)
@@ -133,6 +153,10 @@ class CudaRunner:
         for arena in (self._dev_in, self._dev_out, self._dev_params, self._host_out):
             arena.memory = None
         self._host_params.memory = None
+        for event in self._events:
+            event.close()
+        self._events.clear()
+        self.stream.close()
 
     def run(self, jobs: Sequence[ChunkJob]) -> list[ChunkResult | BaseException]:
         outcomes: list[ChunkResult | BaseException | None] = [None] * len(jobs)
@@ -169,9 +193,9 @@ class CudaRunner:
         self._stats["failed_jobs"] += sum(isinstance(o, BaseException) for o in done)
         return done
 
-    def _events_for(self, count: int) -> list[Any]:
+    def _events_for(self, count: int) -> list[driver.Event]:
         while len(self._events) < count:
-            self._events.append(self._cp.cuda.Event())
+            self._events.append(driver.Event(self._context))
         return self._events[:count]
 
     def _run(
@@ -181,7 +205,7 @@ class CudaRunner:
         outcomes: list[ChunkResult | BaseException | None],
         consumed: list[bool],
     ) -> None:
-        cp, stream, issue = self._cp, self.stream, self._issue
+        stream, issue = self.stream, self._issue
         in_at, out_at, host_at = [], [], []
         in_total = out_total = host_total = 0
         for i, plan in valid:
@@ -196,65 +220,66 @@ class CudaRunner:
         sources = [host_bytes(jobs[i].data) for i, _ in valid]  # alive until synchronised
         kept: dict[int, Any] = {}
         dst_ptrs = []
-        with stream:  # CuPy allocations below belong to this stream's pool
-            self._dev_in.ensure(in_total)
-            self._dev_out.ensure(out_total)
-            self._host_out.ensure(host_total)
-            for k, (i, plan) in enumerate(valid):
-                if jobs[i].keep_on_device:
-                    kept[k] = cp.empty(plan.n, dtype=plan.out_dtype)
-                    self._stats["device_result_arrays"] += 1
-                    dst_ptrs.append(int(kept[k].data.ptr))
-                else:
-                    dst_ptrs.append(self._dev_out.ptr + out_at[k])
-            plans = [plan for _, plan in valid]
-            src_ptrs = [self._dev_in.ptr + at for at in in_at]
-            ints, floats, table = kernel.pack_params(plans, src_ptrs, dst_ptrs)
-            packed = np.concatenate(
-                [ints.view(np.uint8).ravel(), floats.view(np.uint8).ravel(), table.view(np.uint8)]
-            )
-            self._host_params.ensure(packed.nbytes)
-            self._dev_params.ensure(packed.nbytes)
-            self._host_params.host_array(0, packed.nbytes)[:] = packed
-            issue.h2d(self._dev_params.ptr, self._host_params.ptr, packed.nbytes, stream)
-            n = len(valid)
-            events = self._events_for(3 * n + 1)
-            launched, before, h2d, d2h = (
-                events[0],
-                events[1 : 1 + n],
-                events[1 + n : 1 + 2 * n],
-                events[1 + 2 * n :],
-            )
-            for source in sources:
-                self._pageable_check(source)
-            # An event on each side of each copy: the copy's own time on the DMA engine,
-            # whatever gaps the host leaves between issuing them.
-            for k, source in enumerate(sources):
-                job = jobs[valid[k][0]]
-                issue.record(before[k], stream)
-                if job.pitch:  # the DMA engine leaves the bytes between frames behind
-                    frame, at = job.fmt.frame_bytes, source.ctypes.data
-                    rows = pitched_frames(source.nbytes, frame, job.pitch)
-                    issue.h2d_2d(src_ptrs[k], frame, at, job.pitch, frame, rows, stream)
-                else:
-                    issue.h2d(src_ptrs[k], source.ctypes.data, source.nbytes, stream)
-                issue.record(h2d[k], stream)
-            params = self._dev_params.memory
-            n_ints, n_floats = ints.nbytes, floats.nbytes
-            kernel.launch(
-                params[:n_ints].view(cp.int64),
-                params[n_ints : n_ints + n_floats].view(cp.float64),
-                params[n_ints + n_floats : packed.nbytes].view(cp.float64),
-                len(plans),
-                max(plan.n for plan in plans),
-            )
-            issue.record(launched, stream)
-            self._stats["kernel_launches"] += 1
-            for k, (i, plan) in enumerate(valid):
-                if jobs[i].want_host or not jobs[i].keep_on_device:
-                    issue.d2h(self._host_out.ptr + host_at[k], dst_ptrs[k], plan.out_nbytes, stream)
-                    self._stats["bytes_d2h"] += plan.out_nbytes
-                issue.record(d2h[k], stream)
+        self._dev_in.ensure(in_total)
+        self._dev_out.ensure(out_total)
+        self._host_out.ensure(host_total)
+        for k, (i, plan) in enumerate(valid):
+            if jobs[i].keep_on_device:
+                kept[k] = self._device_arrays().empty(plan.n, plan.out_dtype)
+                self._stats["device_result_arrays"] += 1
+                dst_ptrs.append(int(kept[k].data.ptr))
+            else:
+                dst_ptrs.append(self._dev_out.ptr + out_at[k])
+        plans = [plan for _, plan in valid]
+        src_ptrs = [self._dev_in.ptr + at for at in in_at]
+        ints, floats, table = kernel.pack_params(plans, src_ptrs, dst_ptrs)
+        packed = np.concatenate(
+            [ints.view(np.uint8).ravel(), floats.view(np.uint8).ravel(), table.view(np.uint8)]
+        )
+        self._host_params.ensure(packed.nbytes)
+        self._dev_params.ensure(packed.nbytes)
+        self._host_params.host_array(0, packed.nbytes)[:] = packed
+        issue.h2d(self._dev_params.ptr, self._host_params.ptr, packed.nbytes, stream)
+        n = len(valid)
+        events = self._events_for(3 * n + 1)
+        launched, before, h2d, d2h = (
+            events[0],
+            events[1 : 1 + n],
+            events[1 + n : 1 + 2 * n],
+            events[1 + 2 * n :],
+        )
+        for source in sources:
+            self._pageable_check(source)
+        # An event on each side of each copy: the copy's own time on the DMA engine,
+        # whatever gaps the host leaves between issuing them.
+        for k, source in enumerate(sources):
+            job = jobs[valid[k][0]]
+            issue.record(before[k], stream)
+            if job.pitch:  # the DMA engine leaves the bytes between frames behind
+                frame, at = job.fmt.frame_bytes, source.ctypes.data
+                rows = pitched_frames(source.nbytes, frame, job.pitch)
+                issue.h2d_2d(src_ptrs[k], frame, at, job.pitch, frame, rows, stream)
+            else:
+                issue.h2d(src_ptrs[k], source.ctypes.data, source.nbytes, stream)
+            issue.record(h2d[k], stream)
+        params = self._dev_params.ptr
+        n_ints, n_floats = ints.nbytes, floats.nbytes
+        kernel.launch(
+            params,
+            params + n_ints,
+            params + n_ints + n_floats,
+            len(plans),
+            max(plan.n for plan in plans),
+            stream.handle,
+            self._context.device_index,
+        )
+        issue.record(launched, stream)
+        self._stats["kernel_launches"] += 1
+        for k, (i, plan) in enumerate(valid):
+            if jobs[i].want_host or not jobs[i].keep_on_device:
+                issue.d2h(self._host_out.ptr + host_at[k], dst_ptrs[k], plan.out_nbytes, stream)
+                self._stats["bytes_d2h"] += plan.out_nbytes
+            issue.record(d2h[k], stream)
         for k, (i, _) in enumerate(valid):
             h2d[k].synchronize()
             consumed[i] = True
@@ -262,7 +287,7 @@ class CudaRunner:
             if failed is not None:
                 outcomes[i] = failed
         d2h[-1].synchronize()
-        ms = cp.cuda.get_elapsed_time
+        ms = driver.elapsed_ms
         kernel_s = ms(h2d[-1], launched) / 1000.0
         for k, (i, plan) in enumerate(valid):
             self._stats["bytes_h2d"] += plan.n * jobs[i].fmt.itemsize
@@ -292,13 +317,28 @@ class CudaRunner:
         address = source.ctypes.data
         pinned = self._pinned_at.get(address)
         if pinned is None:
-            try:
-                attrs = self._rt.pointerGetAttributes(address)
-                pinned = int(attrs.type) == int(getattr(self._rt, "memoryTypeHost", 1))
-            except Exception:  # older drivers raise on unregistered memory
-                pinned = False
+            pinned = driver.memory_type(address) == driver.MEMORYTYPE_HOST
             if len(self._pinned_at) >= _PINNED_CACHE:
                 self._pinned_at.clear()
             self._pinned_at[address] = pinned
         if not pinned:
             self._stats["pageable_h2d_jobs"] += 1
+
+
+class _DeviceArrays:
+    """CuPy arrays for the outputs a hook gets, from CuPy's pool, on the runner's stream.
+
+    Raises (constructor):
+        ImportError: CuPy is not installed.
+    """
+
+    def __init__(self, device_index: int, stream: int) -> None:
+        import cupy
+
+        self._cupy = cupy
+        self._device = cupy.cuda.Device(device_index)
+        self._stream = cupy.cuda.ExternalStream(stream, device_index)
+
+    def empty(self, n: int, dtype: str) -> Any:
+        with self._device, self._stream:  # a pool block of this stream
+            return self._cupy.empty(n, dtype=dtype)

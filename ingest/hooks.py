@@ -17,6 +17,11 @@ may keep it, or ``torch.from_dlpack(chunk.array)``, which shares its memory
 without a copy (``tests/test_hook.py`` runs both on CUDA). What a hook keeps
 stays in GPU memory until it lets go.
 
+The worker's own CUDA path does not use CuPy (``gpu/driver.py`` says why);
+a hook on CUDA does, so the worker imports it at start-up when a hook is set
+(``enable_device_arrays``: ~160 MiB of resident memory, the price of CuPy),
+and refuses to start if it is missing.
+
 With ``DICOM_INGEST_SINK=none`` nothing is written to S3 and the arrays never
 leave the GPU: the real-time analysis case. The result event and the audit
 record are still published.
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpu.thread import DeviceThread
 from ingest.errors import ConfigError
 
 
@@ -66,3 +72,18 @@ def load_hook(spec: str) -> Hook:
         raise ConfigError(f"DICOM_INGEST_HOOK: {spec!r} is not callable")
     hook: Hook = target
     return hook
+
+
+def enable_device_arrays(thread: DeviceThread) -> None:
+    """Make ``thread`` ready to hand a hook its arrays (on CUDA: import CuPy there).
+
+    Raises:
+        ConfigError: the backend is CUDA and CuPy is not installed.
+    """
+    try:
+        thread.enable_device_arrays()
+    except ImportError as exc:
+        raise ConfigError(
+            "DICOM_INGEST_HOOK on CUDA hands CuPy arrays, and CuPy cannot be imported "
+            f"(pip install 'dicom-ingest[cuda]'): {exc}"
+        ) from exc

@@ -47,7 +47,7 @@ from ingest.device import DeviceStage
 from ingest.errors import BrokerError, IngestError, NotificationError, ProcessingError
 from ingest.fetch import S3Source
 from ingest.health import Health, probe, serve
-from ingest.hooks import load_hook
+from ingest.hooks import enable_device_arrays, load_hook
 from ingest.kafka import Publisher, commit, make_consumer, make_producer
 from ingest.notifications import ObjectRef, RecentObjects, object_identity, parse_notification
 from ingest.object_jobs import Context
@@ -143,7 +143,8 @@ class Worker:
             BrokerRejected: the broker refused a result, dead-letter or audit
                 message for good (nothing unfinished was committed; a restart
                 redoes it).
-            ConfigError: the user hook cannot be loaded.
+            ConfigError: the user hook cannot be loaded, or needs CuPy that is
+                not installed.
         """
         s = self.settings
         # How long a thread that wants the GIL waits for its holder: the device thread
@@ -179,6 +180,8 @@ class Worker:
             stack.push_async_callback(_close, self._consumer.stop)  # leaves the group
             stage = DeviceStage(thread, s)
             hook = load_hook(s.hook) if s.hook else None
+            if hook is not None:
+                await anyio.to_thread.run_sync(enable_device_arrays, thread)
             sink = OutputSink(source, s)
             self._ctx = Context(s, source, sink, ring, stage, hook)
             async with anyio.create_task_group() as services:

@@ -6,9 +6,10 @@ A diagnostic, not a test (pytest does not collect it)::
 
 It prints the process's resident set (``VmRSS``) after each step a worker
 takes before it reads an object: the interpreter and NumPy, importing the
-worker (aiokafka, botocore, pydicom, cryptography, structlog), CuPy, starting
-the device thread (the CUDA context and the compiled kernel), and allocating
-the ring at the default size. Each line splits the growth into anonymous
+worker (aiokafka, botocore, pydicom, cryptography, structlog), starting the
+device thread (the CUDA context and the shipped kernel, through the driver),
+allocating the ring at the default size, and on CUDA importing CuPy, which
+only a worker with a hook does. Each line splits the growth into anonymous
 memory and file-backed pages (shared libraries, mostly), and at the end the
 mappings that hold the most resident memory. docs/benchmarks.md quotes it to
 say what the ``ring + 300 MB`` target meets in a CUDA process.
@@ -90,10 +91,10 @@ def main() -> None:
         return ring
 
     steps.append(("import the worker's modules", import_worker))
-    if device == "cuda":
-        steps.append(("import cupy", import_cupy))
     steps.append((f"device thread started ({device})", start_device))
     steps.append(("ring allocated (default size)", allocate_ring))
+    if device == "cuda":  # only a worker with a hook imports CuPy (its arrays)
+        steps.append(("import cupy (a hook's arrays)", import_cupy))
 
     print(f"CUDA_MODULE_LOADING={os.environ.get('CUDA_MODULE_LOADING', '(unset)')}")
     import numpy  # noqa: F401  (the first line's; ingest imports it anyway)

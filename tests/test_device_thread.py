@@ -14,7 +14,7 @@ from gpu.formats import PixelFormat, Transform
 from gpu.jobs import ChunkJob, ChunkResult
 from gpu.memory import ALIGNMENT, COUNTERS, alloc_host
 from gpu.preprocess import preprocess_numpy
-from gpu.thread import DeviceThread
+from gpu.thread import DeviceThread, cuda_unavailable_reason
 
 CT = PixelFormat(8, 8, 3, 1, 16, 12, True, False)
 RGB = PixelFormat(4, 4, 2, 3, 8, 8, False, True)
@@ -157,14 +157,26 @@ def test_bad_device_name() -> None:
 
 
 def test_cuda_without_cuda_is_a_clear_error() -> None:
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="device 'cuda' was asked for"):
-            DeviceThread("cuda")
-        assert DeviceThread("auto").backend == "cpu"
-    else:
-        pytest.skip("cupy is installed here")
+    why = cuda_unavailable_reason()
+    if why is None:
+        pytest.skip("CUDA is usable here")
+    with pytest.raises(RuntimeError, match="device 'cuda' was asked for, but") as raised:
+        DeviceThread("cuda")
+    assert why in str(raised.value)
+    assert DeviceThread("auto").backend == "cpu"
+
+
+def test_no_driver_library_is_named_as_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu import driver
+
+    def missing() -> int:
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(driver, "device_count", missing)
+    assert cuda_unavailable_reason() == (
+        "the CUDA driver (libcuda.so.1) cannot be loaded "
+        "(libcuda.so.1: cannot open shared object file)"
+    )
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4096, 3 * ALIGNMENT + 5])

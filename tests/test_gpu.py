@@ -7,6 +7,7 @@ the device machine with ``python3 -m pytest -m gpu tests/test_gpu.py -s``
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import subprocess
 import sys
@@ -447,24 +448,35 @@ def test_h2d_throughput_report() -> None:
             )
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["driver", "cupy"])
-def test_enqueue_copies_both_ways_and_times_them_with_events(direct: bool) -> None:
+def test_enqueue_copies_both_ways_and_times_them_with_events() -> None:
+    from gpu import driver
     from gpu.enqueue import Enqueue
 
-    issue = Enqueue(cp)
-    assert issue.direct  # libcuda.so.1 is where CUDA runs
-    issue.direct = direct
-    stream = cp.cuda.Stream(non_blocking=True)
-    host_in = cp.cuda.alloc_pinned_memory(1 << 20)
-    host_out = cp.cuda.alloc_pinned_memory(1 << 20)
-    source = np.frombuffer(host_in, dtype=np.uint8, count=1 << 20)
+    context = driver.primary_context(0)
+    issue = Enqueue()
+    stream = driver.Stream(context)
+    host_in = driver.pinned_array(context, 1 << 20)
+    host_out = driver.pinned_array(context, 1 << 20)
+    source = np.frombuffer(memoryview(host_in), dtype=np.uint8)
     source[:] = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
-    device = cp.empty(1 << 20, dtype=cp.uint8)
-    before, after = cp.cuda.Event(), cp.cuda.Event()
+    device = driver.DeviceMemory(context, 1 << 20)
+    before, after = driver.Event(context), driver.Event(context)
     issue.record(before, stream)
-    issue.h2d(int(device.data.ptr), int(host_in.ptr), 1 << 20, stream)
+    issue.h2d(device.ptr, ctypes.addressof(host_in), 1 << 20, stream)
     issue.record(after, stream)
-    issue.d2h(int(host_out.ptr), int(device.data.ptr), 1 << 20, stream)
+    issue.d2h(ctypes.addressof(host_out), device.ptr, 1 << 20, stream)
     stream.synchronize()
-    assert np.array_equal(np.frombuffer(host_out, dtype=np.uint8, count=1 << 20), source)
-    assert cp.cuda.get_elapsed_time(before, after) > 0
+    assert np.array_equal(np.frombuffer(memoryview(host_out), dtype=np.uint8), source)
+    assert driver.elapsed_ms(before, after) > 0
+    assert driver.memory_type(ctypes.addressof(host_in)) == driver.MEMORYTYPE_HOST
+    assert driver.memory_type(device.ptr) == driver.MEMORYTYPE_DEVICE
+    assert driver.memory_type(np.zeros(16).ctypes.data) == 0  # pageable
+    for resource in (device, before, after, stream):
+        resource.close()
+
+
+def test_a_driver_error_names_the_call_and_the_code() -> None:
+    from gpu import driver
+
+    with pytest.raises(driver.CudaError, match=r"cuStreamSynchronize failed: CUDA error \d+"):
+        driver.library()("cuStreamSynchronize", 0xDEAD0000)

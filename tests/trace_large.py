@@ -43,7 +43,7 @@ import anyio
 
 from gpu import jobs
 from gpu.jobs import ChunkJob, ChunkResult, consume
-from gpu.thread import DeviceThread
+from gpu.thread import DeviceThread, cuda_unavailable_reason
 from ingest import device, fetch, object_jobs, ordered_reads, threaded_http
 from ingest.http_answer import Answer
 from ingest.samples import synthetic_multiframe
@@ -124,13 +124,9 @@ def instrument() -> None:
         cls.run = timed_run
 
     timed_runner(jobs.CpuRunner)
-    try:
-        import cupy  # noqa: F401
-
+    if cuda_unavailable_reason() is None:  # else the CPU runner is the one timed
         from gpu.transfer import CudaRunner
-    except ImportError:  # no CuPy: the CPU runner is the one timed
-        pass
-    else:
+
         timed_runner(CudaRunner)
         time_event_waits(CudaRunner)
     fetch.get_into = timed_get  # type: ignore[attr-defined]
@@ -161,9 +157,9 @@ def print_profiles(callers_of: str | None) -> None:
 
 def time_event_waits(runner: Any) -> None:
     """The device thread's waits on CUDA events (a copy's end, the batch's end)."""
-    import cupy
+    from gpu import driver
 
-    class TimedEvent(cupy.cuda.Event):  # type: ignore[misc]
+    class TimedEvent(driver.Event):
         def synchronize(self) -> None:
             t0 = time.perf_counter()
             super().synchronize()
@@ -171,7 +167,7 @@ def time_event_waits(runner: Any) -> None:
 
     def events_for(self: Any, count: int) -> list[Any]:
         while len(self._events) < count:
-            self._events.append(TimedEvent())
+            self._events.append(TimedEvent(self._context))
         return list(self._events[:count])
 
     runner._events_for = events_for
