@@ -233,6 +233,11 @@ class Stream:
     def synchronize(self) -> None:
         library()("cuStreamSynchronize", self.handle)
 
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (version 0, the handle): CuPy's
+        ``Stream.from_external`` and cuda.core take this stream as it is."""
+        return (0, self.handle)
+
     def close(self) -> None:
         self._finalizer()
 

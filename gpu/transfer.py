@@ -142,7 +142,7 @@ class CudaRunner:
 
     def _device_arrays(self) -> _DeviceArrays:
         if self._arrays is None:
-            self._arrays = _DeviceArrays(self._context.device_index, self.stream.handle)
+            self._arrays = _DeviceArrays(self._context.device_index, self.stream)
         return self._arrays
 
     def stats(self) -> dict[str, int | float]:
@@ -332,12 +332,18 @@ class _DeviceArrays:
         ImportError: CuPy is not installed.
     """
 
-    def __init__(self, device_index: int, stream: int) -> None:
+    def __init__(self, device_index: int, stream: driver.Stream) -> None:
         import cupy
 
         self._cupy = cupy
         self._device = cupy.cuda.Device(device_index)
-        self._stream = cupy.cuda.ExternalStream(stream, device_index)
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy 14
+        with self._device:
+            self._stream = (
+                from_external(stream)
+                if from_external is not None
+                else cupy.cuda.ExternalStream(stream.handle, device_index)
+            )
 
     def empty(self, n: int, dtype: str) -> Any:
         with self._device, self._stream:  # a pool block of this stream

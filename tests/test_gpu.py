@@ -475,8 +475,14 @@ def test_enqueue_copies_both_ways_and_times_them_with_events() -> None:
         resource.close()
 
 
-def test_a_driver_error_names_the_call_and_the_code() -> None:
+def test_driver_errors_name_the_call_and_out_of_memory_is_a_memory_error() -> None:
     from gpu import driver
 
-    with pytest.raises(driver.CudaError, match=r"cuStreamSynchronize failed: CUDA error \d+"):
-        driver.library()("cuStreamSynchronize", 0xDEAD0000)
+    context = driver.primary_context(0)
+    cubin = kernel.shipped_cubin(context.compute_capability)
+    if cubin is None:
+        pytest.skip(f"no shipped cubin for sm_{context.compute_capability}")
+    with pytest.raises(driver.CudaError, match=r"cuModuleGetFunction failed: CUDA error 500"):
+        driver.Module(cubin, "no_such_kernel")
+    with pytest.raises(MemoryError, match="cuMemAlloc_v2 failed"):
+        driver.DeviceMemory(context, 1 << 52)
