@@ -27,7 +27,7 @@ CuPy: no compile at start-up (a fresh container has no kernel cache) and
 cold (``tests/rss_cost.py``). Elsewhere, or if the shipped build is not of this
 ``SOURCE``, CuPy compiles the source with NVRTC and caches it on disk.
 
-Importing this module needs NumPy only.
+Importing this module needs NumPy only (``gpu.driver`` is ``ctypes``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gpu import driver
 from gpu.preprocess import F_HALF, F_PER_FRAME, F_PLANAR, F_RESCALE, F_STEP, F_WINDOW, ChunkPlan
 
 # Layout of one chunk's int64 parameter row.
@@ -239,8 +240,6 @@ class LoadedKernel:
 def _kernel(device_index: int) -> LoadedKernel:
     """Load the shipped cubin through the driver; where none fits, compile with CuPy's
     NVRTC (cached on disk by CuPy) into the same primary context."""
-    from gpu import driver
-
     context = driver.primary_context(device_index)
     cubin = shipped_cubin(context.compute_capability)
     if cubin is not None:
@@ -279,8 +278,6 @@ def launch(
 
     Batches of more than ``MAX_GRID_Y`` chunks take one launch per ``MAX_GRID_Y``.
     """
-    from gpu import driver
-
     function = _kernel(device_index).function
     grid_x = max(1, min(-(-max_n // THREADS), MAX_GRID_X))
     for first in range(0, chunks, MAX_GRID_Y):
