@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,12 +256,27 @@ def _worker_command(args: argparse.Namespace) -> int:
             settings, args.processes, gpus, dict(os.environ), args.config, os.getpid()
         )
         return _run(run_supervisor, specs, settings.shutdown_deadline_s)
-    if gpus:  # before anything initialises CUDA (the device thread does, later)
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
+    device_environment(gpus, os.environ)
     if args.parent_pid is not None:
         # Siblings share the parent's stderr: every line says whose it is.
         structlog.contextvars.bind_contextvars(worker=settings.worker_id)
     return _run(_worker, settings)
+
+
+def device_environment(gpus: Sequence[str], environ: MutableMapping[str, str]) -> None:
+    """The CUDA variables of a worker process, set before anything initialises CUDA
+    (the device thread does, later).
+
+    - ``CUDA_VISIBLE_DEVICES``: the first of ``--gpus``, where given.
+    - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` unless set: the worker queues all its device
+      work on one stream, so one hardware queue to the GPU is all it uses, and the
+      driver's default of 8 holds 46 MiB more of host memory (docs/benchmarks.md,
+      round 13). A hook that runs work on streams of its own may want them back:
+      set the variable and it is left alone.
+    """
+    if gpus:
+        environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
+    environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 
 
 async def _worker(settings: Settings) -> int:

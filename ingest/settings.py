@@ -62,6 +62,7 @@ class Settings:
     read_timeout_s: float = 30.0
     max_header_bytes: int = 16 * MiB
     stage_buffer: int = 16
+    sink_parts_in_flight: int = 2  # docs/configuration.md says why (measured)
     worker_id: str = ""
     health_port: int = 0
     health_host: str = "0.0.0.0"  # probes come from outside the container
@@ -204,6 +205,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "gil_switch_ms": _parse_float("gil_switch_ms", 0.1, 100.0),
     "max_header_bytes": _parse_int("max_header_bytes", 4096, 1024 * MiB),
     "stage_buffer": _parse_int("stage_buffer", 1, 4096),
+    "sink_parts_in_flight": _parse_int("sink_parts_in_flight", 1, 256),
     "worker_id": str,
     "health_port": _parse_int("health_port", 0, 65535),
     "health_host": _parse_nonempty("health_host"),

@@ -5,8 +5,9 @@ and ``... + ".json"`` (DESIGN.md 3.4). The array arrives as output chunks in
 order; small arrays are written with one PUT, larger ones with a multipart
 upload whose parts (8 MiB, S3 wants at least 5 MiB; larger only when an
 output would need more than S3's 10,000 parts) are uploaded while later
-chunks are still being processed, a few at a time, so the sink holds at most
-``parts_in_flight + 1`` parts of memory per object whatever its size. The
+chunks are still being processed, ``SINK_PARTS_IN_FLIGHT`` at a time, so the
+sink holds at most that many parts plus one of memory per object whatever
+its size. The
 bytes depend only on the source version and the settings, so writing the same
 object twice gives the same keys with the same bytes (idempotent outputs).
 """
@@ -224,11 +225,11 @@ class OutputSink:
     (threads, presigned, bodies never joined); the multipart bookkeeping through
     the aiobotocore client."""
 
-    def __init__(self, source: S3Source, settings: Settings, parts_in_flight: int = 4) -> None:
+    def __init__(self, source: S3Source, settings: Settings) -> None:
         self._source = source
         self._client = source.client
         self.settings = settings
-        self.parts_in_flight = parts_in_flight
+        self.parts_in_flight = settings.sink_parts_in_flight
 
     def array(self, key: str, shape: tuple[int, ...], dtype: str) -> ArrayWriter | DiscardWriter:
         if self.settings.sink == "none":

@@ -125,6 +125,21 @@ def _s3_client(endpoint_url: str, creds: S3Credentials, timeout: float = 5.0) ->
     )  # fmt: skip
 
 
+VOLUME_FLAGS = ("-master.volumeSizeLimitMB=30720", "-volume.max=100")
+"""Volumes of SeaweedFS's standard size, not ``weed mini``'s 1 GiB.
+
+When a volume fills, the PUTs in flight to it fail inside SeaweedFS and its
+filer retries them after one second: every 1 GiB written, a handful of PUTs
+took 1.03-1.06 s where the rest took ~40 ms, to the millisecond when the log
+says "Volume N becomes unwritable" (``python3 -m tests.put_stalls
+-master.volumeSizeLimitMB=1024``). That was the ~1.05 s stall in the bench's
+sink-mode CT latency (docs/benchmarks.md, round 13). 30,720 MiB is what
+``weed master`` uses by default; a volume's file grows as it is written (no
+preallocation), and ``-volume.max`` is only a count: ``mini`` would divide the
+free space by 30 GiB and allow two volumes, too few for the bench's buckets.
+"""
+
+
 class SeaweedFS(ServerProcess):
     """One ``weed mini`` (master, volume, filer, S3) on loopback ports in a fresh directory."""
 
@@ -145,6 +160,7 @@ class SeaweedFS(ServerProcess):
             f"-admin.port={admin}", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
             f"-s3.port={s3}", f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock",
+            *VOLUME_FLAGS,
         ]  # fmt: skip
         c = self.credentials
         env = dict(os.environ, AWS_ACCESS_KEY_ID=c.access_key, AWS_SECRET_ACCESS_KEY=c.secret_key)

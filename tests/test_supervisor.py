@@ -25,7 +25,7 @@ import anyio
 import pytest
 import structlog
 
-from ingest.cli import main
+from ingest.cli import device_environment, main
 from ingest.errors import ConfigError
 from ingest.logs import configure_logging
 from ingest.samples import synthetic_ct_series
@@ -133,6 +133,15 @@ def test_parse_gpus() -> None:
     assert parse_gpus("GPU-5d2c") == ("GPU-5d2c",)
     with pytest.raises(ConfigError, match="--gpus"):
         parse_gpus("0,,1")
+
+
+def test_device_environment_takes_the_first_gpu_and_one_connection_unless_set() -> None:
+    env: dict[str, str] = {}
+    device_environment(("3", "5"), env)
+    assert env == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    chosen = {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    device_environment((), chosen)  # no --gpus, the user's connections: both left alone
+    assert chosen == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
 
 
 def test_restart_backoff_is_capped_and_resets_after_a_stable_run() -> None:
