@@ -19,7 +19,7 @@ from ingest.notifications import ObjectRef
 from ingest.planning import PixelChunk, chunk_pixels
 from ingest.ring import PinnedRing, Slot
 from ingest.settings import Settings
-from ingest.sink import OutputSink
+from ingest.sink import MIN_PART, OutputSink
 from ingest.source_digest import Digests
 
 # How a large object's Pixel Data goes to the device: chunks of how many source bytes,
@@ -30,9 +30,13 @@ from ingest.source_digest import Digests
 # there for the writer or the hook, so chunks are at most 16 MiB, two in flight: on the
 # CPU machine, 32 MiB chunks put the sink-mode worker process at ring + 418 MB (two in
 # flight) or + 320 MB (one); 16 MiB chunks keep it within ring + 300 MB.
+# With the S3 sink on, chunks are of the sink's part size (8 MiB), two in flight: the
+# writer frees a chunk's result as soon as its parts are sent, and the SeaweedFS writes
+# set the pace anyway (docs/benchmarks.md, round 13).
 DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
 HOST_CHUNK_BYTES = 16 * 1024 * 1024
 HOST_WINDOW_BYTES = 32 * 1024 * 1024
+SINK_CHUNK_BYTES = MIN_PART
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,8 @@ def device_plan(settings: Settings, backend: str) -> DevicePlan:
     results stay on the GPU, so one chunk's copy overlaps the previous one's kernel)."""
     if settings.sink == "none" and backend == "cuda":
         return DevicePlan(settings.part_size, max(2, DEVICE_WINDOW_BYTES // settings.part_size))
+    if settings.sink == "s3":
+        return DevicePlan(min(settings.part_size, SINK_CHUNK_BYTES), 2)
     chunk = min(settings.part_size, HOST_CHUNK_BYTES)
     return DevicePlan(chunk, max(1, HOST_WINDOW_BYTES // chunk))
 

@@ -62,7 +62,7 @@ class Settings:
     read_timeout_s: float = 30.0
     max_header_bytes: int = 16 * MiB
     stage_buffer: int = 16
-    sink_parts_in_flight: int = 2  # docs/configuration.md says why (measured)
+    sink_parts_in_flight: int = 4  # docs/configuration.md says why (measured)
     worker_id: str = ""
     health_port: int = 0
     health_host: str = "0.0.0.0"  # probes come from outside the container

@@ -90,9 +90,11 @@ def test_output_parts_are_8_mib_until_s3s_part_limit_needs_more() -> None:
         (32, "none", "cuda", 32, 4),  # results stay on the GPU: whole parts, 128 MiB
         (8, "none", "cuda", 8, 16),
         (256, "none", "cuda", 256, 2),  # two at least, so copies overlap kernels
-        (32, "s3", "cuda", 16, 2),  # results come back to host memory: 16 MiB chunks
-        (32, "none", "cpu", 16, 2),
-        (8, "s3", "cpu", 8, 4),
+        (32, "s3", "cuda", 8, 2),  # to the sink: chunks of its 8 MiB parts, two in flight
+        (32, "s3", "cpu", 8, 2),
+        (4, "s3", "cpu", 4, 2),
+        (32, "none", "cpu", 16, 2),  # the CPU twin's results wait in host memory: 16 MiB
+        (8, "none", "cpu", 8, 4),
     ],
 )
 def test_device_plan(part_mib: int, sink: str, backend: str, chunk_mib: int, window: int) -> None:

@@ -50,7 +50,7 @@ class _Sink:
 @pytest.mark.parametrize("parts_in_flight", [1, 2, 4])
 async def test_parts_in_flight_are_bounded_and_the_object_is_whole(parts_in_flight: int) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
-    assert defaults["sink_parts_in_flight"] == 2  # the default docs/configuration.md measures
+    assert defaults["sink_parts_in_flight"] == 4  # the default docs/configuration.md measures
     sink = _Sink(parts_in_flight)
     values = np.arange(10 * MIN_PART // 2, dtype=np.uint16)  # 10 parts of payload
     chunks = np.array_split(values, 7)  # chunk edges fall inside parts
