@@ -152,7 +152,7 @@ async def _run_ours(
     objects: tuple[BenchObject, ...],
     warmup: tuple[BenchObject, ...],
     repeats: int,
-    paced: bool,
+    paced: float | None,
     pids: list[int],
     **tune: int,
 ) -> dict[str, Any]:
@@ -192,10 +192,16 @@ async def _run_scaled(
     )  # fmt: skip
     runner = ScaledRunner(spec)
     result = await runner.measure(
-        workload.objects, workload.objects, config.repeats, workload.name == "ct"
+        workload.objects, workload.objects, config.repeats, _paced(config, workload.name)
     )
     result["mode"] = mode
     return result
+
+
+def _paced(config: BenchConfig, workload: str) -> float | None:
+    """The paced pass's rate for ``workload`` (0: half the median burst rate), or None:
+    only the CT workload gets one."""
+    return config.paced_rate if workload == "ct" else None
 
 
 @contextlib.contextmanager
@@ -258,7 +264,7 @@ async def run_bench(
                     if reader_name in OURS_MODES:
                         results[reader_name] = await _run_ours(
                             config, target, bootstrap, token, name, reader_name, workload.objects,
-                            workload.objects, config.repeats, name == "ct", pids,
+                            workload.objects, config.repeats, _paced(config, name), pids,
                         )  # fmt: skip
                     else:
                         reader = _make_reader(reader_name, config, target)
@@ -325,7 +331,7 @@ async def _sweeps(
             steps.label(f"sweep {axis} = {value}")
             result = await _run_ours(
                 config, target, bootstrap, token, f"sweep-{axis}-{value}", config.sweep_mode,
-                large.objects, warm, 1, False, pids, **tune(value),
+                large.objects, warm, 1, None, pids, **tune(value),
             )  # fmt: skip
             run = result["runs"][0]
             keep = ("gb_per_s", "cpu_s_per_gb", "peak_rss_bytes", "other_cpu_share")

@@ -42,6 +42,7 @@ class BenchConfig:
     processes: tuple[int, ...] = ()  # scaled mode: N worker processes per run; () = not run
     gpus: str = ""  # scaled mode: --gpus of the workers, e.g. "0,1"
     scaled_modes: tuple[str, ...] = SCALED_MODES
+    paced_rate: float = 0.0  # objects/s of the CT latency pass; 0: half the median burst rate
 
 
 def s3_target(config: BenchConfig, stack: Stack | None, token: str) -> S3Target:

@@ -14,8 +14,8 @@ version or sequencer, so the worker never takes a later pass for a repeat.
   object for sweep points) processed and discarded;
 - ``repeats`` measured burst passes: every notification published at once;
   throughput = bytes / (last outcome - first publish);
-- for ``paced`` workloads one more pass publishing at half the median burst
-  rate, for latency at a sustainable load.
+- for ``paced`` workloads one more pass publishing at ``bench --paced-rate``
+  (by default half the median burst rate), for latency at a sustainable load.
 
 Latency of an object = the time its ``Outcome`` callback ran (after the
 output, the sidecar, the acknowledged result event and the acknowledged audit
@@ -230,7 +230,7 @@ class OursRunner:
         objects: Sequence[BenchObject],
         warmup: Sequence[BenchObject],
         repeats: int,
-        paced: bool,
+        paced: float | None,
     ) -> dict[str, Any]:
         """Start the worker, warm up, run the passes, stop the worker; all figures."""
         total = sum(o.size for o in objects)
@@ -256,7 +256,7 @@ class OursRunner:
         objects: Sequence[BenchObject],
         warmup: Sequence[BenchObject],
         repeats: int,
-        paced: bool,
+        paced: float | None,
         total: int,
         limit_s: float,
     ) -> dict[str, Any]:
@@ -297,8 +297,8 @@ class OursRunner:
             - before["device"].get("device_result_arrays", 0),
             "hook_chunks": HOOK_COUNTS["chunks"] - hook_chunks,
         }
-        if paced and runs:
-            rate = float(result["median"]["objects_per_s"]) / 2.0
+        if paced is not None and runs:
+            rate = paced or float(result["median"]["objects_per_s"]) / 2.0
             p, seconds = await self._pass(objects, 1.0 / rate, limit_s)
             summary = latency_summary(p.latencies_ms(), p.breakdown_ms())
             result["latency_paced"] = {"rate_objects_per_s": rate, **summary}

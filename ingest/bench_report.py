@@ -292,7 +292,7 @@ def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str,
         "latency": "ours: Outcome callback time (after output, sidecar, acknowledged result "
         "event and audit record) minus the time just before the notification was handed "
         "to the producer; 'burst' publishes everything at once (includes queueing), "
-        "'paced' publishes at half the median burst rate",
+        "'paced' publishes at --paced-rate, by default half the median burst rate",
         "cpu": "process_time of this process (all threads, including the bench's own "
         "publisher) + RUSAGE_CHILDREN (curl); server CPU apart as server_cpu_s",
         "rss": "VmHWM reset via /proc/self/clear_refs before each run; ours is compared "

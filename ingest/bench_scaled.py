@@ -29,9 +29,10 @@ The workers run unmodified, so everything is measured from outside them:
   ``child_peak_rss_each`` lists them all.
 
 Passes as ``bench_ours``: once the group is formed (Stable with N members,
-from the broker's DescribeGroups), one full pass discarded, ``repeats`` burst passes, and for
-paced workloads one pass at half the median burst rate. Then SIGTERM: the
-supervisor must exit 0 (every child drained), recorded as ``supervisor_exit``.
+from the broker's DescribeGroups), one full pass discarded, ``repeats`` burst
+passes, and for paced workloads one pass at ``--paced-rate`` (by default half
+the median burst rate). Then SIGTERM: the supervisor must exit 0 (every child
+drained), recorded as ``supervisor_exit``.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class ScaledRunner:
         objects: Sequence[BenchObject],
         warmup: Sequence[BenchObject],
         repeats: int,
-        paced: bool,
+        paced: float | None,
     ) -> dict[str, Any]:
         """Start the workers, wait for the group, warm up, run the passes, stop; all figures.
 
@@ -169,7 +170,7 @@ class ScaledRunner:
         objects: Sequence[BenchObject],
         warmup: Sequence[BenchObject],
         repeats: int,
-        paced: bool,
+        paced: float | None,
     ) -> dict[str, Any]:
         with self.spec.log_path.open("ab") as log:
             process = await anyio.open_process(
@@ -342,7 +343,7 @@ class ScaledRunner:
         objects: Sequence[BenchObject],
         warmup: Sequence[BenchObject],
         repeats: int,
-        paced: bool,
+        paced: float | None,
     ) -> dict[str, Any]:
         assert self._process is not None
         total = sum(o.size for o in objects)
@@ -376,8 +377,8 @@ class ScaledRunner:
             "ring_bytes_per_process": s.ring_slots * s.part_size,
             "settings": {name: getattr(s, name) for name in SETTINGS_SHOWN},
         }
-        if paced and runs:
-            rate = float(result["median"]["objects_per_s"]) / 2.0
+        if paced is not None and runs:
+            rate = paced or float(result["median"]["objects_per_s"]) / 2.0
             p, _ = await self._pass(objects, 1.0 / rate, limit_s)
             summary = latency_summary(p.latencies_ms(), p.breakdown_ms())
             stamped = p.to_record_ms()

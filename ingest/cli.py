@@ -139,6 +139,13 @@ def _bench_parser(commands: Any) -> None:
         default=("ours-hook", "ours"),
         help="scaled mode: ours-hook (sink off), ours (sink on)",
     )
+    add(
+        "--paced-rate",
+        type=float,
+        default=0.0,
+        metavar="OBJ_PER_S",
+        help="objects/s of the CT latency pass (default 0: half the median burst rate)",
+    )
     add("--no-plots", action="store_true", help="skip the PNG plots")
     add(
         "--set",
@@ -163,6 +170,8 @@ def _bench_config(args: argparse.Namespace) -> Any:
         raise ConfigError("bench --processes: every N must be at least 1")
     if any(m not in ("ours-hook", "ours") for m in args.scaled_modes):
         raise ConfigError("bench --scaled-modes: ours-hook, ours")
+    if not 0.0 <= args.paced_rate < float("inf"):
+        raise ConfigError("bench --paced-rate: objects/s, 0 or more")
     from ingest.supervisor import parse_gpus
 
     parse_gpus(args.gpus)  # a bad list fails here, not in the first scaled run
@@ -188,6 +197,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
         processes=args.processes,
         gpus=args.gpus.strip(),
         scaled_modes=args.scaled_modes,
+        paced_rate=args.paced_rate,
     )
 
 

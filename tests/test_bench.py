@@ -118,7 +118,7 @@ SCALED_SLICES = 24
 async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Path) -> None:
     config = BenchConfig(
         out=tmp_path, workloads=("ct",), readers=(), ct_count=SCALED_SLICES, repeats=1, plots=False,
-        processes=(2,),
+        processes=(2,), paced_rate=40.0,
     )  # fmt: skip
     output = io.StringIO()
     report = await run_bench(config, stack, Console(file=output, width=160))
@@ -139,6 +139,7 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
         assert entry["latency_burst"]["count"] == SCALED_SLICES
         paced = entry["latency_paced"]
         assert paced["count"] == SCALED_SLICES
+        assert paced["rate_objects_per_s"] == 40.0  # --paced-rate, not half the burst rate
         # the result records' own timestamps: after the publish, before the arrival (ms)
         assert 0 < paced["to_result_record"]["p50_ms"] <= paced["max_ms"] + 1.0
         assert sum(row[1] for row in paced["over_time"]) == SCALED_SLICES
@@ -261,3 +262,8 @@ def test_percentile_nearest_rank() -> None:
 def test_cli_bench_needs_bootstrap_with_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--endpoint", "http://127.0.0.1:1"]) == 2
     assert "--bootstrap" in capsys.readouterr().err
+
+
+def test_cli_bench_refuses_a_negative_paced_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--paced-rate", "-1"]) == 2
+    assert "--paced-rate" in capsys.readouterr().err
