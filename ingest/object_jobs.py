@@ -26,13 +26,15 @@ from ingest.source_digest import Digests
 # and how many of them in flight (submitted, results not yet taken). When the results
 # stay on the GPU (a hook, no sink) a chunk is a whole part, and 128 MiB in flight kept
 # the H200 busy (``python -m tests.trace_large``). When they come back to host memory
-# (the sink, or the CPU twin) each chunk's float32 result (twice its int16 source) waits
-# there for the writer or the hook, so chunks are at most 16 MiB, two in flight: on the
-# CPU machine, 32 MiB chunks put the sink-mode worker process at ring + 418 MB (two in
-# flight) or + 320 MB (one); 16 MiB chunks keep it within ring + 300 MB.
-# With the S3 sink on, chunks are of the sink's part size (8 MiB), two in flight: the
-# writer frees a chunk's result as soon as its parts are sent, and the SeaweedFS writes
-# set the pace anyway (docs/benchmarks.md, round 13).
+# each chunk's result waits there, so chunks are smaller, two in flight:
+# - with the S3 sink, chunks of its usual part size (8 MiB), so the writer frees each
+#   result as soon as its part is sent: a sink-mode worker ingesting a 10 GiB object on
+#   the H200 peaked at ring + 299 MB with 16 MiB chunks and two parts in flight, and at
+#   ring + 293 MB with 8 MiB chunks and four, writing twice as fast (docs/benchmarks.md,
+#   round 13);
+# - with the CPU twin and no sink, 16 MiB (float32 results twice their int16 source):
+#   on the CPU machine 32 MiB chunks put a worker process at ring + 418 MB (two in
+#   flight) or + 320 MB (one); 16 MiB chunks keep it within ring + 300 MB.
 DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
 HOST_CHUNK_BYTES = 16 * 1024 * 1024
 HOST_WINDOW_BYTES = 32 * 1024 * 1024

@@ -7,9 +7,9 @@ upload whose parts (8 MiB, S3 wants at least 5 MiB; larger only when an
 output would need more than S3's 10,000 parts) are uploaded while later
 chunks are still being processed, ``SINK_PARTS_IN_FLIGHT`` at a time, so the
 sink holds at most that many parts plus one of memory per object whatever
-its size. The
-bytes depend only on the source version and the settings, so writing the same
-object twice gives the same keys with the same bytes (idempotent outputs).
+its size. The bytes depend only on the source version and the settings, so
+writing the same object twice gives the same keys with the same bytes
+(idempotent outputs).
 """
 
 from __future__ import annotations

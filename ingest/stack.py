@@ -128,10 +128,10 @@ def _s3_client(endpoint_url: str, creds: S3Credentials, timeout: float = 5.0) ->
 VOLUME_FLAGS = ("-master.volumeSizeLimitMB=30720", "-volume.max=100")
 """Volumes of SeaweedFS's standard size, not ``weed mini``'s 1 GiB.
 
-When a volume fills, the PUTs in flight to it fail inside SeaweedFS and its
-filer retries them after one second: every 1 GiB written, a handful of PUTs
-took 1.03-1.06 s where the rest took ~40 ms, to the millisecond when the log
-says "Volume N becomes unwritable" (``python3 -m tests.put_stalls
+When a volume fills, the PUTs caught in flight stall inside SeaweedFS for
+about a second: every 1 GiB written, a handful of PUTs took 1.03-1.06 s where
+the rest took ~40 ms, starting within milliseconds of the log's "Volume N
+becomes unwritable" (``python3 -m tests.put_stalls
 -master.volumeSizeLimitMB=1024``). That was the ~1.05 s stall in the bench's
 sink-mode CT latency (docs/benchmarks.md, round 13). 30,720 MiB is what
 ``weed master`` uses by default; a volume's file grows as it is written (no
