@@ -19,8 +19,8 @@ reaches a new peak it reads the process's ``smaps`` and keeps the breakdown:
 - ``files``: shared libraries and other files.
 
 It prints, per worker, the breakdown at start (first sample), at the peak
-and at the last once-a-second look before it exited, in MiB, and writes them
-to ``OUT.json``. docs/benchmarks.md (round 13) quotes it.
+and at the last once-a-second look before it exited, in MiB, and the largest
+mappings at the peak, and writes them to ``OUT.json``. docs/benchmarks.md (round 13) quotes it.
 """
 
 from __future__ import annotations
@@ -32,26 +32,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ingest.bench_measure import pid_status_kib, process_tree
+
 MiB = 1024 * 1024
-LARGE = 4 * MiB
+LARGE_MIB = 4.0
 INTERVAL_S = 0.05
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
-
-def descendants(root: int) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        for child in _children(todo.pop()):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def is_worker(pid: int) -> bool:
@@ -62,18 +47,7 @@ def is_worker(pid: int) -> bool:
         return False
 
 
-def rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def category(name: str, size: int) -> str:
+def category(name: str, mapped_mib: float) -> str:
     if name == "/dev/zero" or name.startswith("/dev/zero "):
         return "pinned"
     if name.startswith("/dev/nvidia"):
@@ -81,15 +55,15 @@ def category(name: str, size: int) -> str:
     if name == "[heap]":
         return "heap"
     if name in ("", "[anon]") or name.startswith("[anon:"):
-        return "anon_large" if size >= LARGE else "anon_small"
+        return "anon_large" if mapped_mib >= LARGE_MIB else "anon_small"
     if name.startswith("["):
         return "anon_small"  # [stack], [vdso], ...
     return "files"
 
 
-def breakdown(pid: int) -> dict[str, float]:
-    """Resident MiB by category (see the module docstring), and ``total``."""
-    out: dict[str, float] = {}
+def mappings(pid: int) -> list[tuple[float, float, str]]:
+    """(resident MiB, mapped MiB, name) of each mapping in ``/proc/PID/smaps``."""
+    out: list[tuple[float, float, str]] = []
     name, size = "", 0
     try:
         with open(f"/proc/{pid}/smaps") as f:
@@ -101,12 +75,26 @@ def breakdown(pid: int) -> dict[str, float]:
                     name = parts[5].strip() if len(parts) > 5 else ""
                     size = end - start
                 elif first == "Rss:":
-                    kind = category(name, size)
-                    out[kind] = out.get(kind, 0.0) + int(line.split()[1]) / 1024
+                    out.append((int(line.split()[1]) / 1024, size / MiB, name))
     except OSError:
-        return {}
-    out["total"] = sum(out.values())
+        return []
+    return out
+
+
+def breakdown(maps: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Resident MiB by category (see the module docstring), and ``total``."""
+    out: dict[str, float] = {}
+    for resident, size, name in maps:
+        kind = category(name, size)
+        out[kind] = out.get(kind, 0.0) + resident
+    if out:
+        out["total"] = sum(out.values())
     return {k: round(v, 1) for k, v in sorted(out.items())}
+
+
+def largest(maps: list[tuple[float, float, str]], count: int = 12) -> list[list[object]]:
+    """The ``count`` mappings holding the most: [resident MiB, mapped MiB, name]."""
+    return [[round(r, 1), round(m, 1), n or "[anon]"] for r, m, n in sorted(maps)[-count:][::-1]]
 
 
 @dataclass
@@ -116,6 +104,7 @@ class Watch:
     peak: dict[str, float] = field(default_factory=dict)
     peak_at: float = 0.0
     end: dict[str, float] = field(default_factory=dict)
+    largest_at_peak: list[list[object]] = field(default_factory=list)
 
 
 def main() -> None:
@@ -127,17 +116,19 @@ def main() -> None:
     try:
         while process.poll() is None:
             samples += 1
-            for pid in descendants(process.pid):
+            for pid in process_tree(process.pid):
                 if pid not in watched and not is_worker(pid):
                     continue
-                now = rss(pid)
+                now = pid_status_kib(pid, "VmRSS") * 1024
                 if not now:
                     continue
-                w = watched.setdefault(pid, Watch(start=breakdown(pid)))
+                w = watched.setdefault(pid, Watch(start=breakdown(mappings(pid))))
                 if now > w.peak_bytes + MiB:
-                    w.peak_bytes, w.peak, w.peak_at = now, breakdown(pid), time.time()
+                    maps = mappings(pid)
+                    w.peak_bytes, w.peak, w.peak_at = now, breakdown(maps), time.time()
+                    w.largest_at_peak = largest(maps)
                 if samples % 20 == 0:  # once a second: the last one seen is "end"
-                    w.end = breakdown(pid)
+                    w.end = breakdown(mappings(pid))
             time.sleep(INTERVAL_S)
     finally:
         if process.poll() is None:
@@ -146,6 +137,9 @@ def main() -> None:
     for pid, w in watched.items():
         print(f"worker {pid}: peak RSS {w.peak_bytes / MiB:.0f} MiB")
         print(f"  start {w.start}\n  peak  {w.peak}\n  end   {w.end}")
+        print("  largest mappings at the peak (resident MiB, mapped MiB, name):")
+        for row in w.largest_at_peak:
+            print(f"    {row}")
     out_path.write_text(json.dumps({pid: asdict(w) for pid, w in watched.items()}, indent=1))
     sys.exit(process.returncode)
 
