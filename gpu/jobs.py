@@ -20,6 +20,13 @@ import numpy.typing as npt
 from gpu.formats import PixelFormat, Transform, pitched_frames
 from gpu.preprocess import preprocess_numpy
 
+ARENA_ALIGN = 512  # offsets of chunks inside the device arenas (CuPy's allocation granularity)
+
+
+def arena_nbytes(nbytes: int) -> int:
+    """What ``nbytes`` of a chunk take in a device arena: rounded up to ``ARENA_ALIGN``."""
+    return -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+
 
 @dataclass(frozen=True, slots=True)
 class ChunkJob:

@@ -48,17 +48,12 @@ import numpy.typing as npt
 from gpu import driver, kernel
 from gpu.enqueue import Enqueue
 from gpu.formats import pitched_frames
-from gpu.jobs import ChunkJob, ChunkResult, consume, host_bytes
+from gpu.jobs import ChunkJob, ChunkResult, arena_nbytes, consume, host_bytes
 from gpu.memory import COUNTERS, pinned_memory
 from gpu.preprocess import ChunkPlan, plan_chunk
 
-_ALIGN = 512  # offsets of chunks inside the arenas (CuPy's allocation granularity too)
 _MIN_ARENA = 1 << 20
 _PINNED_CACHE = 4096  # addresses whose pinned-or-not answer is kept
-
-
-def _round(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 class _Arena:
@@ -210,13 +205,13 @@ class CudaRunner:
         in_total = out_total = host_total = 0
         for i, plan in valid:
             in_at.append(in_total)
-            in_total += _round(jobs[i].sample_nbytes)
+            in_total += arena_nbytes(jobs[i].sample_nbytes)
             out_at.append(out_total)
             if not jobs[i].keep_on_device:
-                out_total += _round(plan.out_nbytes)
+                out_total += arena_nbytes(plan.out_nbytes)
             host_at.append(host_total)
             if jobs[i].want_host or not jobs[i].keep_on_device:
-                host_total += _round(plan.out_nbytes)
+                host_total += arena_nbytes(plan.out_nbytes)
         sources = [host_bytes(jobs[i].data) for i, _ in valid]  # alive until synchronised
         kept: dict[int, Any] = {}
         dst_ptrs = []

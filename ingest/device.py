@@ -7,8 +7,13 @@ a bounded memory stream into batches, hands each batch to
 device thread always has the next one queued while the loop waits.
 
 A batch leaves as soon as the thread can take it (fewer than two in flight),
-with every request queued by then, up to ``batch_max_objects``: batches fill
-while the device is busy, and an idle device gets a lone chunk at once. A
+with every request queued by then, up to ``batch_max_objects`` chunks and
+``batch_max_bytes`` of their source bytes (a larger chunk goes alone): batches
+fill while the device is busy, and an idle device gets a lone chunk at once.
+The byte bound is the device arenas' bound (``gpu/transfer.py``: they grow to
+a batch's size, to a power of two): without it a large object's four 32 MiB
+chunks and a CT slice in one batch grew the input arena from 128 to 256 MiB in
+the middle of a run (the mix workload, docs/benchmarks.md round 14). A
 fixed wait after the first request (``batch_wait_ms``, 0 by default) only
 delayed the device: traced on the H200 with a 1 GiB object, 2 ms of it gave
 4.6 GB/s and none 5.3 (``python -m tests.trace_large``). Nothing here blocks
@@ -25,7 +30,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from gpu.jobs import consume
+from gpu.jobs import arena_nbytes, consume
 from gpu.thread import ChunkJob, ChunkResult, DeviceThread
 from ingest.errors import ProcessingError
 from ingest.settings import Settings
@@ -39,12 +44,30 @@ class _Request:
     done: asyncio.Future[ChunkResult]
 
 
+class _Batch:
+    """The requests of one batch and the arena bytes their chunks take."""
+
+    def __init__(self, first: _Request) -> None:
+        self.requests = [first]
+        self.nbytes = arena_nbytes(first.job.data.nbytes)
+
+    def add(self, request: _Request, max_bytes: int) -> _Request | None:
+        """Take ``request``, or give it back when it would take the batch past ``max_bytes``."""
+        nbytes = arena_nbytes(request.job.data.nbytes)
+        if self.nbytes + nbytes > max_bytes:
+            return request
+        self.requests.append(request)
+        self.nbytes += nbytes
+        return None
+
+
 class DeviceStage:
     """Batches chunk jobs onto one ``DeviceThread``. Start ``run`` in a task group."""
 
     def __init__(self, thread: DeviceThread, settings: Settings) -> None:
         self.thread = thread
         self._max = settings.batch_max_objects
+        self._max_bytes = settings.batch_max_bytes
         self._wait = settings.batch_wait_ms / 1000.0
         send, receive = anyio.create_memory_object_stream[_Request](settings.stage_buffer)
         self._send: MemoryObjectSendStream[_Request] = send
@@ -76,22 +99,47 @@ class DeviceStage:
         return done
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Gather and dispatch batches until cancelled."""
+        """Gather and dispatch batches until cancelled.
+
+        A cancellation hands back (``on_consumed``) every chunk taken from the
+        queue or still in it that never reached the device thread.
+        """
         async with self._send, self._receive, anyio.create_task_group() as group:
             task_status.started()
-            async for first in self._receive:
-                batch = [first]
-                if self._wait:
-                    with anyio.move_on_after(self._wait):
-                        while len(batch) < self._max:
-                            batch.append(await self._receive.receive())
-                await self._in_flight.acquire()  # meanwhile, requests queue up behind
-                while len(batch) < self._max:
+            batch: _Batch | None = None  # taken, not yet dispatched
+            held: _Request | None = None  # taken, past the last batch's byte bound
+            try:
+                while True:
                     try:
-                        batch.append(self._receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                group.start_soon(self._dispatch, batch)
+                        first = held if held is not None else await self._receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                    batch, held = _Batch(first), None
+                    if self._wait:
+                        with anyio.move_on_after(self._wait):
+                            while held is None and len(batch.requests) < self._max:
+                                held = batch.add(await self._receive.receive(), self._max_bytes)
+                    await self._in_flight.acquire()  # meanwhile, requests queue up behind
+                    while held is None and len(batch.requests) < self._max:
+                        try:
+                            held = batch.add(self._receive.receive_nowait(), self._max_bytes)
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    group.start_soon(self._dispatch, batch.requests)
+                    batch = None
+            finally:
+                left = [*(batch.requests if batch else []), *([held] if held else [])]
+                for request in left + self._queued():
+                    consume(request.job)
+
+    def _queued(self) -> list[_Request]:
+        """The requests still in the queue (taken out of it)."""
+        queued = []
+        while True:
+            try:
+                queued.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return queued
 
     async def _dispatch(self, batch: list[_Request]) -> None:
         try:

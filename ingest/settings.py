@@ -55,6 +55,7 @@ class Settings:
     fetch_concurrency: int = 16
     max_objects_in_flight: int = 64  # docs/configuration.md says why (measured)
     batch_max_objects: int = 16
+    batch_max_bytes: int = 128 * MiB  # docs/configuration.md says why (measured)
     batch_wait_ms: float = 0.0
     gil_switch_ms: float = 0.5  # sys.setswitchinterval (Python: 5 ms); measured in docs
     max_attempts: int = 5
@@ -198,6 +199,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "fetch_concurrency": _parse_int("fetch_concurrency", 1, 512),
     "max_objects_in_flight": _parse_int("max_objects_in_flight", 1, 4096),
     "batch_max_objects": _parse_int("batch_max_objects", 1, 1024),
+    "batch_max_bytes": _parse_int("batch_max_bytes", MiB, 16 * 1024 * MiB),
     "batch_wait_ms": _parse_float("batch_wait_ms", 0.0, 10_000.0),
     "max_attempts": _parse_int("max_attempts", 1, 100),
     "retry_max_wait_s": _parse_float("retry_max_wait_s", 0.0, 600.0),
