@@ -69,6 +69,7 @@ from ingest.bench_workloads import (
     prepare_workloads,
     warmup_object,
 )
+from ingest.object_jobs import device_plan
 from ingest.stack import Stack, create_topics, embedded_stack, weed_bin
 
 
@@ -293,10 +294,13 @@ async def run_bench(
                 report["sweeps"] = await _sweeps(
                     config, target, bootstrap, token, workloads["large"], warm, pids, steps
                 )
-            ours_part = worker_settings(
-                config, target, bootstrap, token, "h2d", "ours-hook"
-            ).part_size
-            report["h2d_reference"] = _h2d_reference(config, gpu is not None, ours_part)
+            chunks = {  # the large object's chunk size in each mode (the sink's are smaller)
+                mode: device_plan(
+                    worker_settings(config, target, bootstrap, token, "h2d", mode), "cuda"
+                ).chunk_bytes
+                for mode in ("ours-hook", "ours")
+            }
+            report["h2d_reference"] = _h2d_reference(config, gpu is not None, chunks)
     report["finished"] = datetime.now(UTC).isoformat()
     report["ratios"] = ratios(report)
     report["scaling"] = scaling(report)
@@ -342,13 +346,16 @@ async def _sweeps(
     return out
 
 
-def _h2d_reference(config: BenchConfig, has_gpu: bool, ours_part: int) -> dict[str, Any]:
-    """Plain pinned copies of the size of ours' chunks (its part size) and of one CT slice."""
+def _h2d_reference(config: BenchConfig, has_gpu: bool, chunks: dict[str, int]) -> dict[str, Any]:
+    """Plain pinned copies of the size of each mode's chunks of the large object (``part``:
+    the hook's, a whole part; ``by_mode``: each mode's) and of one CT slice."""
     if not has_gpu or config.device == "cpu":
         return {"status": "skipped", "note": "GPU only: no CUDA device"}
+    rates = {size: bench_gpu.pinned_copy_rate(size) for size in sorted(set(chunks.values()))}
     return {
         "status": "ok",
-        "part": bench_gpu.pinned_copy_rate(ours_part),
+        "part": rates[chunks["ours-hook"]],
+        "by_mode": {mode: rates[size] for mode, size in chunks.items()},
         "ct_slice": bench_gpu.pinned_copy_rate(512 * 512 * 2),
     }
 

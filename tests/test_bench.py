@@ -218,6 +218,30 @@ def test_the_rss_target_of_a_worker_process_leaves_the_bench_process_out() -> No
     assert (own["value"], own["status"]) == (pytest.approx(280.0), "met")
 
 
+def test_each_mode_s_copies_are_judged_against_a_pinned_copy_of_its_own_chunk_size() -> None:
+    def large(gb_per_s: float) -> dict[str, Any]:
+        median = {"peak_rss_bytes": 1e9, "cpu_s_per_gb": 0.3}
+        return {"status": "ok", "ring_bytes": 8e8, "median": median, "h2d": {"gb_per_s": gb_per_s}}
+
+    report: dict[str, Any] = {
+        "machine": {"gpu": "H200"},
+        "ratios": [],
+        "results": {"large": {"ours-hook": large(52.0), "ours": large(45.0)}},
+        "h2d_reference": {  # 32 MiB copies run faster than the sink's 8 MiB ones
+            "part": {"gb_per_s": 55.0},
+            "by_mode": {"ours-hook": {"gb_per_s": 55.0}, "ours": {"gb_per_s": 48.0}},
+        },
+    }
+    found = {t["target"]: t for t in targets(report)}
+    hook, sink = found["large: ours-hook H2D / pinned copy"], found["large: ours H2D / pinned copy"]
+    assert (hook["value"], hook["status"]) == (pytest.approx(52 / 55), "met")
+    assert (sink["value"], sink["status"]) == (pytest.approx(45 / 48), "met")  # not 45 / 55
+    del report["h2d_reference"]["by_mode"]  # a report from before by_mode: the part's
+    assert {t["target"]: t for t in targets(report)}["large: ours H2D / pinned copy"][
+        "value"
+    ] == pytest.approx(45 / 55)
+
+
 def test_a_ratio_just_below_its_goal_does_not_print_as_the_goal() -> None:
     assert measured_text({"value": 0.9962, "unit": "x"}) == "0.996 x"
     assert measured_text({"value": 729.061, "unit": "MB"}) == "729.06 MB"
