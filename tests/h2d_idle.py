@@ -7,18 +7,27 @@ events on either side of it; when the stream is idle (the sink's two 8 MiB
 chunks in flight often leave it so), that interval also holds the time from the
 first event until the copy reaches the DMA engine. This prints both rates for
 each size, issued through ``gpu.driver`` as the worker's copies are
-(docs/benchmarks.md, round 14).
+(docs/benchmarks.md, round 14). ``--copy-threads N`` runs N threads copying
+64 MiB host arrays meanwhile (NumPy releases the GIL), the kind of host memory
+traffic a sink-mode worker makes while its copies run (its results leaving
+the pinned staging, its PUTs' sends).
 
-    python3 -m tests.h2d_idle [MiB ...]      (default: 8 32)
+    python3 -m tests.h2d_idle [--copy-threads N] [MiB ...]      (default: 0; 8 32)
 
 Needs a CUDA device; not a test (the file name keeps pytest away).
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import statistics
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
 
 from gpu import driver
 from gpu.enqueue import Enqueue
@@ -27,8 +36,37 @@ COPIES = 32
 MiB = 1 << 20
 
 
+@contextmanager
+def host_copies(threads: int) -> Iterator[None]:
+    """``threads`` threads copying 64 MiB between host arrays until the block ends."""
+    stop = threading.Event()
+
+    def copy() -> None:
+        source, target = np.ones(64 * MiB, np.uint8), np.empty(64 * MiB, np.uint8)
+        while not stop.is_set():
+            np.copyto(target, source)
+
+    workers = [threading.Thread(target=copy) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+
+
 def main(argv: list[str]) -> int:
-    sizes = [int(arg) for arg in argv] or [8, 32]
+    parser = argparse.ArgumentParser(prog="python3 -m tests.h2d_idle")
+    parser.add_argument("--copy-threads", type=int, default=0)
+    parser.add_argument("sizes", nargs="*", type=int, default=[8, 32])
+    args = parser.parse_args(argv)
+    with host_copies(args.copy_threads):
+        return measure(args.sizes)
+
+
+def measure(sizes: list[int]) -> int:
     context = driver.primary_context(0)
     stream = driver.Stream(context)
     issue = Enqueue()
