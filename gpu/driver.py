@@ -2,18 +2,18 @@
 
 The worker's CUDA path needs a context, a stream, events, device and pinned
 memory, copies, one module and one kernel launch: about twenty calls into
-``libcuda.so.1``, which the NVIDIA driver installs wherever CUDA runs. Making
-them here rather than through a Python CUDA library is measured, not taste:
+``libcuda.so.1``, which the NVIDIA driver installs wherever CUDA runs. They are
+made here rather than through a Python CUDA library for memory and for the GIL:
 
 - **CuPy** costs ~160 MiB of resident memory at ``import cupy`` (its core
-  loads cuBLAS and cuBLASLt; docs/benchmarks.md, round 9), more than half of
-  what a CUDA worker held before its ring, and the reason it missed the
-  ``ring + 300 MB`` target. A worker without a hook never imports it now.
+  loads cuBLAS and cuBLASLt; ``python3 -m ingest.bench.diagnostics.rss_cost cuda``),
+  more than half of what a CUDA worker holds before its ring, against a
+  ``ring + 300 MB`` target. A worker without a hook never imports it.
 - **cuda-bindings** (NVIDIA's Cython bindings) is light to import but lets go
   of the GIL in every call. On the device thread that is a loss for the calls
   that only queue work: each release lets a reader thread or the event loop
-  take the GIL, and getting it back waits up to the switch interval (traced:
-  1.4 ms a chunk where the same work alone took 0.6 ms; ``gpu/enqueue.py``).
+  take the GIL, and getting it back waits up to the switch interval
+  (``gpu/enqueue.py``).
 
 So two handles on the same library: ``_HOLD`` (``ctypes.PyDLL``) keeps the GIL
 for the calls that return at once (queueing copies, event records, the launch,

@@ -4,10 +4,9 @@ CuPy's runtime calls (``memcpyAsync``, ``Event.record``) release the GIL for
 the few microseconds they take, and so do NVIDIA's cuda-bindings. On the
 device thread that is a loss: each release lets a reader thread or the event
 loop take the GIL, and getting it back waits until they let go (up to the
-switch interval). Traced on the H200 with a 1 GiB object, the device thread
-spent 1.4 ms a chunk where the same work alone took 0.6 ms, and an H2D copy
-bracketed by events showed those waits as copy time (``python -m
-tests.trace_large``).
+switch interval). Those waits can more than double the device thread's time
+per chunk, and an H2D copy bracketed by events counts them as copy time
+(``python -m ingest.bench.diagnostics.trace_large`` shows both).
 
 So these calls go to the driver through ``gpu.driver``'s ``ctypes.PyDLL``
 handle, which keeps the GIL during the call: an event, its copy and the next

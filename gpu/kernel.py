@@ -15,7 +15,7 @@ the device), one correct round-to-nearest-even like NumPy's ``astype``; never
 through float32, which would round twice. float64 -> float32 is inline PTX too
 (``cvt.rn.f32.f64``, no ``.ftz``): CuPy appends ``-ftz=true`` to every NVRTC
 compile, which makes ``__double2float_rn`` flush float32 subnormals to zero
-where NumPy keeps them (seen on an H200 with CuPy 14.2). Float64 arithmetic is
+where NumPy keeps them (CuPy 14.2). Float64 arithmetic is
 never flushed.
 
 Loading: the package ships the kernel compiled for the GPUs we measure on
@@ -24,8 +24,9 @@ SHA-256 of ``SOURCE`` it was built from). On a GPU of that architecture the
 worker loads it through the driver (``gpu.driver``) and never loads NVRTC or
 CuPy: no compile at start-up (a fresh container has no kernel cache) and
 41-82 MiB less resident memory than NVRTC, with CuPy's kernel cache warm or
-cold (``tests/rss_cost.py``). Elsewhere, or if the shipped build is not of this
-``SOURCE``, CuPy compiles the source with NVRTC and caches it on disk.
+cold (``python3 -m ingest.bench.diagnostics.rss_cost cuda``). Elsewhere, or if the
+shipped build is not of this ``SOURCE``, CuPy compiles the source with NVRTC and
+caches it on disk.
 
 Importing this module needs NumPy only (``gpu.driver`` is ``ctypes``).
 """

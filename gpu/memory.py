@@ -1,8 +1,8 @@
 """Host buffers for the ring: page-locked (pinned) when CUDA is used, anonymous memory otherwise.
 
 Only pinned memory lets a host-to-device copy run asynchronously at full
-speed; pageable memory is staged by the driver (DESIGN.md 5: 55 GB/s pinned
-against 10-17 GB/s pageable on an H200). Pinned memory is allocated on the
+speed; pageable memory is staged by the driver (DESIGN.md 5: ~55 GB/s pinned
+against 10-17 GB/s pageable). Pinned memory is allocated on the
 device thread (``DeviceThread.alloc_host`` does that), where the device's
 context is current, through the driver (``gpu.driver``). Every buffer's
 usable region starts on a 64 KiB boundary: the allocation is over-sized by
@@ -104,8 +104,8 @@ def pinned_memory(nbytes: int, device_index: int = 0) -> Any:
     """Exactly ``nbytes`` of page-locked memory (``cuMemHostAlloc``), freed with the object.
 
     Not ``cupy.cuda.alloc_pinned_memory``: its pool rounds every request up to a
-    power of two (a 768 MiB ring took 1 GiB of locked memory, a 512 MiB one
-    twice its size; ``python3 -m tests.rss_cost``) and keeps freed blocks
+    power of two (a 768 MiB ring would lock 1 GiB, a 512 MiB one twice its size;
+    ``python3 -m ingest.bench.diagnostics.rss_cost``) and keeps freed blocks
     locked for reuse; and the worker does not import CuPy. The result supports
     the buffer protocol; ``ctypes.addressof`` gives its first byte.
     """

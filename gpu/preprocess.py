@@ -171,7 +171,7 @@ def preprocess_numpy(
     block = min(plan.n, BLOCK_ELEMENTS)
     ints = np.empty(block, dtype=plan.stored_dtype)
     # float32 when every value of the chunk is exact in it: the same bits in less than
-    # half the time (a CT slice: 72 against 139 us: python -m tests.twin_cost)
+    # half the time (a CT slice: 72 against 139 us: python -m ingest.bench.diagnostics.twin_cost)
     work = np.float32 if exact_in_float32(plan) else np.float64
     floats = np.empty(block, dtype=work)
     slopes = np.asarray(plan.slopes, dtype=work)

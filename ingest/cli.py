@@ -157,7 +157,7 @@ def _bench_parser(commands: Any) -> None:
 
 
 def _bench_config(args: argparse.Namespace) -> Any:
-    from ingest.bench_config import BenchConfig
+    from ingest.bench.config import BenchConfig
 
     if args.endpoint and not args.bootstrap:
         raise ConfigError("bench --endpoint needs --bootstrap")
@@ -172,7 +172,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
         raise ConfigError("bench --scaled-modes: ours-hook, ours")
     if not 0.0 <= args.paced_rate < float("inf"):
         raise ConfigError("bench --paced-rate: objects/s, 0 or more")
-    from ingest.supervisor import parse_gpus
+    from ingest.ops.supervisor import parse_gpus
 
     parse_gpus(args.gpus)  # a bad list fails here, not in the first scaled run
     return BenchConfig(
@@ -211,22 +211,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         # their context managers stop the servers instead of leaving them behind
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         if args.command == "demo":
-            from ingest.demo import run_demo
+            from ingest.embedded.demo import run_demo
 
             configure_logging(json=False, level=logging.ERROR)  # the table says the rest
             return _run(run_demo, args.device, args.multiframe_mb, args.series)
         if args.command == "stack":
-            from ingest.stack_cli import run_stack
+            from ingest.embedded.stack_cli import run_stack
 
             configure_logging(json=False)
             return run_stack(durable=args.durable)
         if args.command == "bench":
-            from ingest.bench import bench_command
+            from ingest.bench.main import bench_command
 
             configure_logging(json=False, level=logging.ERROR)  # the tables say the rest
             return _run(bench_command, _bench_config(args))
         if args.command == "audit":
-            from ingest.audit_cli import run_audit
+            from ingest.audit.cli import run_audit
 
             configure_logging(json=False, level=logging.WARNING)
             return _run(run_audit, load_settings(config_file=args.config), args.print)
@@ -254,7 +254,7 @@ def _worker_command(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: bad settings or flags (checked here, once, before any child starts).
     """
-    from ingest.supervisor import child_specs, die_with_parent, parse_gpus, run_supervisor
+    from ingest.ops.supervisor import child_specs, die_with_parent, parse_gpus, run_supervisor
 
     gpus = parse_gpus(args.gpus)
     settings = load_settings(config_file=args.config)
@@ -280,9 +280,8 @@ def device_environment(gpus: Sequence[str], environ: MutableMapping[str, str]) -
     - ``CUDA_VISIBLE_DEVICES``: the first of ``--gpus``, where given.
     - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` unless set: the worker queues all its device
       work on one stream, so one hardware queue to the GPU is all it uses, and the
-      driver's default of 8 holds 46 MiB more of host memory (docs/benchmarks.md,
-      round 13). A hook that runs work on streams of its own may want them back:
-      set the variable and it is left alone.
+      driver's default of 8 holds 46 MiB more of host memory. A hook that runs work
+      on streams of its own may want them back: set the variable and it is left alone.
     """
     if gpus:
         environ["CUDA_VISIBLE_DEVICES"] = gpus[0]

@@ -6,13 +6,14 @@ the parent's stderr, and two lines written at the same instant must not
 interleave, or a log reader sees ``{...}{...}`` and loses both records.
 A line up to ``PIPE_BUF`` (4 KiB) is atomic on a pipe.
 
-Logs never carry patient data: object keys appear only as ``worker.key_digest``
+Logs never carry patient data: object keys appear only as ``key_digest``
 and DICOM header values not at all; the results topic and the encrypted audit
 trail are where keys and UIDs live.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 
@@ -39,3 +40,8 @@ def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(level, logging.WARNING), stream=sys.stderr)
+
+
+def key_digest(key: str) -> str:
+    """A short stable stand-in for an object key in logs (keys may hold patient names)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]

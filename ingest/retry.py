@@ -45,11 +45,11 @@ async def with_retries(
     ``forever`` is for the broker: an outage is nobody's fault but the broker's,
     so publishing waits it out (shutdown cancels the wait) instead of giving up.
 
-    The first try runs before the policy is built: tenacity's set-up and
-    bookkeeping took ~8 % of the event loop of a worker ingesting CT slices
-    (py-spy; docs/benchmarks.md, round 6), and nearly every call succeeds at
-    once. A failure the policy retries is handed to it as its first attempt's
-    outcome, so the waits and the count of attempts are the policy's own.
+    The first try runs before the policy is built: nearly every call succeeds at
+    once, and tenacity's set-up and bookkeeping would cost the event loop of a
+    worker ingesting CT slices on every call. A failure the policy retries is
+    handed to it as its first attempt's outcome, so the waits and the count of
+    attempts are the policy's own.
     """
     try:
         return await call()

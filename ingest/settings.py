@@ -38,9 +38,9 @@ class Settings:
     audit_key: bytes
     source_topic: str = "s3-events"
     group_id: str = "dicom-ingest"
-    results_topic: str = "dicom-ingest.results"
+    results_topic: str = "dicom-ingest.sink.records"
     dlq_topic: str = "dicom-ingest.dlq"
-    audit_topic: str = "dicom-ingest.audit"
+    audit_topic: str = "dicom-ingest.audit.records"
     s3_endpoint_url: str | None = None
     window: tuple[float, float] | None = None
     output_dtype: OutputDtype = "float32"
@@ -57,7 +57,7 @@ class Settings:
     batch_max_objects: int = 16
     batch_max_bytes: int = 128 * MiB  # docs/configuration.md says why (measured)
     batch_wait_ms: float = 0.0
-    gil_switch_ms: float = 0.5  # sys.setswitchinterval (Python: 5 ms); measured in docs
+    gil_switch_ms: float = 0.5  # sys.setswitchinterval (Python: 5 ms); docs/configuration.md
     max_attempts: int = 5
     retry_max_wait_s: float = 10.0
     read_timeout_s: float = 30.0

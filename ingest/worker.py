@@ -27,8 +27,6 @@ commit runs shielded; the consumer leaves the group; clients close.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import math
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -37,35 +35,44 @@ from typing import Any
 
 import anyio
 import structlog
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from anyio.abc import TaskGroup, TaskStatus
 
 from gpu.thread import DeviceThread
-from ingest.audit import AuditEvent, AuditTrail
-from ingest.device import DeviceStage
-from ingest.errors import BrokerError, IngestError, NotificationError, ProcessingError
-from ingest.fetch import S3Source
-from ingest.health import Health, probe, serve
+from ingest.audit.publish import AuditPublisher
+from ingest.audit.records import AuditTrail
+from ingest.device.stage import DeviceStage
+from ingest.errors import IngestError, NotificationError, ProcessingError
+from ingest.fetch.ring import PinnedRing
+from ingest.fetch.s3 import S3Source
 from ingest.hooks import enable_device_arrays, load_hook
-from ingest.kafka import Publisher, commit, make_consumer, make_producer
-from ingest.notifications import ObjectRef, RecentObjects, object_identity, parse_notification
-from ingest.object_jobs import Context
-from ingest.offsets import OffsetTracker, Partition
-from ingest.pipeline import Processed, process_object
-from ingest.results import dead_letter, failure_event, record_summary, sidecar, success_event
-from ingest.ring import PinnedRing
+from ingest.logs import key_digest
+from ingest.ops.health import Health, probe, serve
+from ingest.pipeline.jobs import Context
+from ingest.pipeline.process import process_object
 from ingest.settings import Settings
-from ingest.sink import OutputSink
+from ingest.sink.output import OutputSink
+from ingest.sink.records import (
+    Processed,
+    dead_letter,
+    failure_event,
+    record_summary,
+    sidecar,
+    success_event,
+)
+from ingest.source.commits import Commits, Rebalance
+from ingest.source.kafka import Publisher, make_consumer, make_producer
+from ingest.source.notifications import (
+    ObjectRef,
+    RecentObjects,
+    object_identity,
+    parse_notification,
+)
+from ingest.source.offsets import Partition
 
 log = structlog.get_logger("dicom_ingest.worker")
 CLOSE_TIMEOUT_S = 10.0
-COMMIT_TIMEOUT_S = 10.0  # a commit is never abandoned half way, but not waited on forever
-
-
-def key_digest(key: str) -> str:
-    """A short stable stand-in for an object key in logs (keys may hold patient names)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,21 +112,19 @@ class Worker:
         self.settings = settings
         self.stats = WorkerStats()
         self._on_outcome = on_outcome
-        self._tracker = OffsetTracker()
+        self._commits = Commits(settings.shutdown_deadline_s)
         self._recent = RecentObjects()
         self._running: dict[tuple[str, str, str, str], anyio.Event] = {}
         self._trail = AuditTrail(settings.audit_key, settings.audit_key_id, settings.worker_id)
-        self._audit_lock = anyio.Lock()
-        self._changed = anyio.Event()
         self._intake_scope = anyio.CancelScope()
         self._work_scope = anyio.CancelScope()
         self._in_flight = 0  # object (and bad-record) tasks running
-        self._progress = anyio.Event()  # set whenever a task finishes
         self.health = Health()
         self.health_port: int | None = None
         self._consumer: Any = None
         self._producer: Any = None
         self._publisher: Publisher | None = None
+        self._audit: AuditPublisher | None = None
         self._ctx: Context | None = None
 
     def stop(self) -> None:
@@ -175,7 +180,9 @@ class Worker:
             await self._producer.start()
             stack.push_async_callback(_close, self._producer.stop)
             self._publisher = Publisher(self._producer, s)
-            self._consumer = make_consumer(s, listener=_Rebalance(self))
+            self._audit = AuditPublisher(self._trail, self._publisher, s.audit_topic, s.worker_id)
+            self._consumer = make_consumer(s, listener=Rebalance(self._commits))
+            self._commits.consumer = self._consumer
             await self._consumer.start()
             stack.push_async_callback(_close, self._consumer.stop)  # leaves the group
             stage = DeviceStage(thread, s)
@@ -186,7 +193,7 @@ class Worker:
             self._ctx = Context(s, source, sink, ring, stage, hook)
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
-                services.start_soon(self._commit_loop)
+                services.start_soon(self._commits.loop)
                 services.start_soon(probe, self.health, self._check_broker, self._check_s3)
                 if s.health_port:
                     self.health_port = await services.start(
@@ -199,8 +206,9 @@ class Worker:
                         with self._intake_scope:
                             await self._intake(objects)
                 with anyio.CancelScope(shield=True):
-                    await self._commit_now()
+                    await self._commits.now()
                 services.cancel_scope.cancel()
+        self.stats.commits = self._commits.count
         log.info("worker stopped", **_stats_dict(self.stats))
 
     async def _intake(self, objects: TaskGroup) -> None:
@@ -233,7 +241,7 @@ class Worker:
 
     def _take(self, objects: TaskGroup, tp: TopicPartition, record: Any) -> None:
         partition = (tp.topic, tp.partition)
-        self._tracker.consumed(partition, record.offset)
+        self._commits.consumed(partition, record.offset)
         self.stats.records += 1
         summary = record_summary(
             tp.topic, tp.partition, record.offset, record.timestamp, record.value
@@ -288,8 +296,7 @@ class Worker:
                 await work
             finally:
                 self._in_flight -= 1
-                self._progress.set()
-                self._progress = anyio.Event()
+                self._commits.task_ended()
 
         self._in_flight += 1
         objects.start_soon(run)
@@ -312,6 +319,7 @@ class Worker:
     async def _handle(self, progress: _RecordProgress, ref: ObjectRef) -> None:
         assert self._ctx is not None
         assert self._publisher is not None
+        assert self._audit is not None
         try:
             done = await process_object(self._ctx, ref)
             written = self.settings.sink == "s3"
@@ -330,7 +338,7 @@ class Worker:
         # The result and the audit record go out together (one produce request when
         # they meet within linger_ms), then both acknowledgements are awaited.
         result = await self._publisher.enqueue_result(document, ref.key.encode())
-        await self._audit(success_event(done))
+        await self._audit.record(success_event(done))
         await self._publisher.confirm(*result)
         self.stats.processed += 1
         log.info("processed", key=key_digest(ref.key), size=done.head.size)
@@ -342,9 +350,10 @@ class Worker:
     ) -> None:
         """Dead-letter an object or a bad record, audit it, and mark it finished."""
         assert self._publisher is not None
+        assert self._audit is not None
         document = dead_letter(progress.summary, ref, error, self.settings.worker_id)
         await self._publisher.dead_letter(document, ref.key.encode() if ref else None)
-        await self._audit(failure_event(ref, error))
+        await self._audit.record(failure_event(ref, error))
         self.stats.dead_lettered += 1
         log.warning(
             "dead-lettered",
@@ -357,19 +366,6 @@ class Worker:
         self._report(Outcome(ref, None, error))
         self._finish(progress)
 
-    async def _audit(self, event: AuditEvent) -> None:
-        """Seal and enqueue under a lock, then wait for the broker.
-
-        The message key is the worker id, so one worker's hash chain lives in
-        one partition, in the order it was sealed.
-        """
-        assert self._publisher is not None
-        topic, key = self.settings.audit_topic, self.settings.worker_id.encode()
-        async with self._audit_lock:
-            envelope = self._trail.seal(event)
-            delivery = await self._publisher.enqueue(topic, envelope, key)
-        await self._publisher.confirm(delivery, topic, envelope, key)
-
     def _report(self, outcome: Outcome) -> None:
         if self._on_outcome is not None:
             self._on_outcome(outcome)
@@ -377,49 +373,7 @@ class Worker:
     def _finish(self, progress: _RecordProgress) -> None:
         progress.remaining -= 1
         if progress.remaining <= 0:
-            self._tracker.finished(progress.partition, progress.offset)
-            self._changed.set()
-
-    async def _commit_loop(self) -> None:
-        """Commit when offsets finish; retry each second while a commit is still owed."""
-        while True:
-            with anyio.move_on_after(1.0 if self._tracker.to_commit() else math.inf):
-                await self._changed.wait()
-            self._changed = anyio.Event()
-            await self._commit_now()
-            await anyio.sleep(0.05)  # coalesce bursts of finished offsets into one commit
-
-    async def _commit_now(self) -> None:
-        assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
-        offsets = {p: o for p, o in self._tracker.to_commit().items() if p in assigned}
-        if not offsets:
-            return
-        # Shielded, bounded: a commit cancelled half way goes on inside aiokafka, lands
-        # at the broker after we stopped looking, and fails unheard if the consumer
-        # closes first ("Task exception was never retrieved", seen in the bench).
-        with anyio.move_on_after(COMMIT_TIMEOUT_S, shield=True) as scope:
-            try:
-                await commit(self._consumer, offsets)
-            except BrokerError as exc:
-                log.warning("commit failed", error=str(exc))
-                return
-        if scope.cancelled_caught:
-            log.warning("commit timed out", timeout_s=COMMIT_TIMEOUT_S)
-            return
-        self._tracker.committed(offsets)
-        self.stats.commits += 1
-
-    async def on_revoked(self, revoked: list[Partition]) -> None:
-        """Let in-flight work of partitions being taken away finish, commit it, forget them.
-
-        Bounded by the shutdown deadline: what has not finished by then is
-        redone by the partition's next owner (outputs are idempotent).
-        """
-        with anyio.move_on_after(self.settings.shutdown_deadline_s):
-            while any(self._tracker.in_flight(p) for p in revoked):
-                await self._progress.wait()
-        await self._commit_now()
-        self._tracker.revoke(revoked)
+            self._commits.finished(progress.partition, progress.offset)
 
     async def _check_broker(self) -> None:
         await self._consumer.topics()  # a metadata round trip
@@ -427,17 +381,6 @@ class Worker:
     async def _check_s3(self) -> None:
         assert self._ctx is not None
         await self._ctx.source.client.head_bucket(Bucket=self.settings.output_bucket)
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self._worker.on_revoked([(tp.topic, tp.partition) for tp in revoked])
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        log.info("partitions assigned", partitions=sorted(tp.partition for tp in assigned))
 
 
 async def _close(aclose: Callable[[], Awaitable[None]]) -> None:

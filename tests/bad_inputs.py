@@ -8,7 +8,7 @@ larger ones the multi-range path (header probe, then ranged Pixel Data), and
 ``MAX_HEADER_BYTES`` (256 KiB) is the header bound.
 
 Byte surgery works on explicit VR little endian objects written by
-``ingest.samples``: element headers are 8 bytes (short VRs) or 12 bytes (OB,
+``ingest.embedded.samples``: element headers are 8 bytes (short VRs) or 12 bytes (OB,
 OW, SQ, UN ...), Pixel Data is (7FE0,0010) OW with a 32-bit length.
 """
 
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from pydicom import dcmread, dcmwrite
 from pydicom.dataelem import DataElement
 
-from ingest import samples
+from ingest.embedded import samples
 from ingest.errors import (
     IngestError,
     LimitExceeded,
@@ -393,7 +393,7 @@ def _encapsulated() -> Iterator[BadObject]:
 
 
 def samples_frames(data: bytes) -> int:
-    """Number of Frames of an ``ingest.samples`` multi-frame object."""
+    """Number of Frames of an ``ingest.embedded.samples`` multi-frame object."""
     at = data.index(b"\x28\x00\x08\x00IS")
     length = struct.unpack_from("<H", data, at + 6)[0]
     return int(data[at + 8 : at + 8 + length])

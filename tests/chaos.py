@@ -48,9 +48,9 @@ import numpy as np
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from ingest.audit import AuditVerificationError, open_envelope, verify_chain
-from ingest.samples import not_dicom, synthetic_ct_series, synthetic_multiframe
-from ingest.stack import Stack
+from ingest.audit.records import AuditVerificationError, open_envelope, verify_chain
+from ingest.embedded.samples import not_dicom, synthetic_ct_series, synthetic_multiframe
+from ingest.embedded.stack import Stack
 from tests import harness
 from tests.reference import reference_array
 

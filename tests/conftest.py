@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ingest.stack import Stack, embedded_stack
+from ingest.embedded.stack import Stack, embedded_stack
 
 _counter = itertools.count()
 

@@ -16,10 +16,10 @@ import numpy as np
 from aiobotocore.session import get_session
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from ingest.kafka import read_topic
-from ingest.ring import RingStats
+from ingest.embedded.stack import Stack, create_topics
+from ingest.fetch.ring import RingStats
 from ingest.settings import Settings, load_settings
-from ingest.stack import Stack, create_topics
+from ingest.source.kafka import read_topic
 from ingest.worker import Outcome, Worker
 
 AUDIT_KEY = bytes(range(32))

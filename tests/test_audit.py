@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.audit import (
+from ingest.audit.records import (
     AuditEvent,
     AuditTrail,
     AuditVerificationError,

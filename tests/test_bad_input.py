@@ -25,8 +25,10 @@ import anyio
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from ingest.audit import open_envelope, verify_chain
-from ingest.dicom import parse_header
+from ingest.audit.records import open_envelope, verify_chain
+from ingest.dicom.parse import parse_header
+from ingest.embedded.samples import synthetic_rgb
+from ingest.embedded.stack import Stack
 from ingest.errors import (
     DicomError,
     IngestError,
@@ -37,9 +39,7 @@ from ingest.errors import (
     ObjectNotFound,
     UnsupportedDicom,
 )
-from ingest.samples import synthetic_rgb
 from ingest.settings import Settings
-from ingest.stack import Stack
 from ingest.worker import Outcome, Worker, WorkerStats
 from tests import bad_inputs, harness
 from tests.reference import reference_array

@@ -20,17 +20,17 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ingest.bench import run_bench
-from ingest.bench_config import BenchConfig
-from ingest.bench_gpu import kvikio_missing
-from ingest.bench_measure import TreeMeter, percentile, process_tree
-from ingest.bench_readers import plan_ranges
-from ingest.bench_report import measured_text, scaling, targets
-from ingest.bench_scaled_pass import GapWatch
-from ingest.bench_workloads import BenchObject, Workload
+from ingest.bench.config import BenchConfig
+from ingest.bench.gpu import kvikio_missing
+from ingest.bench.main import run_bench
+from ingest.bench.measure import TreeMeter, percentile, process_tree
+from ingest.bench.readers import plan_ranges
+from ingest.bench.report import measured_text, scaling, targets
+from ingest.bench.scaled_pass import GapWatch
+from ingest.bench.workloads import BenchObject, Workload
 from ingest.cli import main
+from ingest.embedded.stack import Stack
 from ingest.settings import Settings
-from ingest.stack import Stack
 
 CPU_READERS = ("curl", "threads", "naive", "ours", "ours-hook")
 GPU_READERS = ("kvikio-raw", "kvikio")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.stack import Stack
+from ingest.embedded.stack import Stack
 from tests.chaos import ChaosConfig, ChaosReport, no_orphans, run_chaos
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

@@ -18,7 +18,7 @@ import pytest
 
 from gpu.jobs import ChunkJob, ChunkResult
 from gpu.thread import DeviceThread
-from ingest.device import BATCHES_IN_FLIGHT, DeviceStage
+from ingest.device.stage import BATCHES_IN_FLIGHT, DeviceStage
 from ingest.settings import load_settings
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""ingest.dicom.parse_header: pixel location, prefixes, and every kind of bad input."""
+"""ingest.dicom.parse.parse_header: pixel location, prefixes, and every kind of bad input."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 
 from gpu.formats import PixelFormat
-from ingest import samples
-from ingest.dicom import DicomHeader, NeedMoreBytes, parse_header
+from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
+from ingest.embedded import samples
 from ingest.errors import (
     DicomError,
     LimitExceeded,

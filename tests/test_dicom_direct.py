@@ -1,4 +1,4 @@
-"""The plain-header reader (``ingest/dicom_direct.py``) against pydicom's reading.
+"""The plain-header reader (``ingest/dicom/direct.py``) against pydicom's reading.
 
 Whatever it accepts must read exactly as pydicom reads it; whatever it
 declines goes to pydicom. Checked on every sample, good and bad input, on
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ingest.dicom
-from ingest import samples
-from ingest.dicom import DicomHeader, parse_header
-from ingest.dicom_direct import read_plain_header
+import ingest.dicom.parse
+from ingest.dicom.direct import read_plain_header
+from ingest.dicom.parse import DicomHeader, parse_header
+from ingest.embedded import samples
 from ingest.errors import IngestError
 from tests import bad_inputs
 from tests.bad_inputs import insert_before_pixels, mutate, pixel_tag_at
@@ -33,7 +33,7 @@ def read(data: bytes, direct: bool, size: int | None = None) -> object:
     try:
         if direct:
             return parse_header(data, size, max_header_bytes=64 << 20)
-        with mock.patch.object(ingest.dicom, "read_plain_header", return_value=None):
+        with mock.patch.object(ingest.dicom.parse, "read_plain_header", return_value=None):
             return parse_header(data, size, max_header_bytes=64 << 20)
     except IngestError as exc:
         return (type(exc).__name__, str(exc))

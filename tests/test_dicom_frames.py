@@ -1,4 +1,4 @@
-"""The raw per-frame walker (``ingest/dicom_frames.py``) against pydicom's reading.
+"""The raw per-frame walker (``ingest/dicom/frames.py``) against pydicom's reading.
 
 Two kinds of check: sequences built byte by byte (defined and undefined
 lengths, implicit and explicit VR, frames without values of their own, values
@@ -16,16 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ingest.dicom_rescale
-from ingest.dicom import DicomHeader, NeedMoreBytes, parse_header
-from ingest.dicom_frames import (
+import ingest.dicom.rescale
+from ingest.dicom.frames import (
     PIXEL_VALUE_TRANSFORMATION,
     RESCALE_INTERCEPT,
     RESCALE_SLOPE,
     per_frame_rescale,
 )
+from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
+from ingest.embedded.samples import synthetic_multiframe
 from ingest.errors import IngestError
-from ingest.samples import synthetic_multiframe
 from tests.bad_inputs import mutate
 
 FRAME_CONTENT = 0x00209111
@@ -121,7 +121,7 @@ def parse_both(data: bytes) -> tuple[object, object]:
             return (type(exc).__name__, str(exc))
 
     fast = parse()
-    with mock.patch.object(ingest.dicom_rescale, "per_frame_rescale", return_value=None):
+    with mock.patch.object(ingest.dicom.rescale, "per_frame_rescale", return_value=None):
         slow = parse()
     return fast, slow
 
@@ -135,7 +135,7 @@ def test_a_whole_object_reads_the_same_with_and_without_the_walker(per_frame: bo
         walked.append(result := per_frame_rescale(value, implicit))
         return result
 
-    with mock.patch.object(ingest.dicom_rescale, "per_frame_rescale", spy):
+    with mock.patch.object(ingest.dicom.rescale, "per_frame_rescale", spy):
         fast = parse_header(data, len(data))
     assert len(walked) == 1
     assert walked[0] is not None  # the walker read them, not pydicom

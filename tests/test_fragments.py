@@ -1,4 +1,4 @@
-"""Encapsulated Uncompressed (``ingest.fragments``): the header, the read plan, the item checks.
+"""Encapsulated Uncompressed (``ingest.dicom.fragments``): header, read plan, item checks.
 
 The reference is pydicom's: its ``generate_frames`` takes the frames out of the
 fragments (``tests.reference.as_native``), so the samples writer, our parser and
@@ -15,10 +15,8 @@ import pytest
 
 from gpu.formats import PixelFormat, Transform, pitched_frames
 from gpu.jobs import ChunkJob, CpuRunner, job_samples
-from ingest.dicom import DicomHeader, NeedMoreBytes, parse_header
-from ingest.dicom_direct import read_plain_header
-from ingest.errors import LimitExceeded, MalformedDicom
-from ingest.fragments import (
+from ingest.dicom.direct import read_plain_header
+from ingest.dicom.fragments import (
     ENCAPSULATED_UNCOMPRESSED,
     ITEM_HEADER,
     check_items,
@@ -26,9 +24,11 @@ from ingest.fragments import (
     chunk_fragments,
     fragment_pitch,
 )
-from ingest.object_jobs import pixel_chunks, pixels_start
-from ingest.samples import synthetic_rgb
-from ingest.samples_multiframe import synthetic_multiframe
+from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
+from ingest.embedded.samples import synthetic_rgb
+from ingest.embedded.samples_multiframe import synthetic_multiframe
+from ingest.errors import LimitExceeded, MalformedDicom
+from ingest.pipeline.jobs import pixel_chunks, pixels_start
 from tests.bad_inputs import fragment_at, set_u32
 from tests.reference import reference_array
 

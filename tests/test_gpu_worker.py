@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gpu.thread import cuda_unavailable_reason
-from ingest.stack import Stack
+from ingest.embedded.stack import Stack
 from tests import harness
 from tests.reference import reference_array
 from tests.test_worker import aws_environment, corpus

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from ingest.audit import open_envelope, verify_chain
-from ingest.samples import synthetic_ct_series
-from ingest.stack import Stack
+from ingest.audit.records import open_envelope, verify_chain
+from ingest.embedded.samples import synthetic_ct_series
+from ingest.embedded.stack import Stack
 from tests import harness
 from tests.chaos import WorkerProcess, no_orphans, worker_environment
 

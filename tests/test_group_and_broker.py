@@ -11,13 +11,14 @@ import anyio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-import ingest.pipeline
+import ingest.pipeline.process
+import ingest.source.commits
 import ingest.worker
-from ingest.notifications import ObjectRef
-from ingest.object_jobs import Context
-from ingest.pipeline import Processed
-from ingest.samples import synthetic_ct_series
-from ingest.stack import Stack, embedded_stack
+from ingest.embedded.samples import synthetic_ct_series
+from ingest.embedded.stack import Stack, embedded_stack
+from ingest.pipeline.jobs import Context
+from ingest.sink.records import Processed
+from ingest.source.notifications import ObjectRef
 from ingest.worker import Outcome, Worker
 from tests import harness
 from tests.test_worker import aws_environment
@@ -44,7 +45,7 @@ async def test_work_slower_than_the_poll_interval_keeps_the_member_and_its_commi
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     keys = await publish_slices(stack, names, 4)
-    real = ingest.pipeline.process_object  # the worker's name for it is patched below
+    real = ingest.pipeline.process.process_object  # the worker's name for it is patched below
 
     async def slow(ctx: Context, ref: ObjectRef) -> Processed:
         await anyio.sleep(4.0)  # twice the max poll interval below
@@ -55,13 +56,13 @@ async def test_work_slower_than_the_poll_interval_keeps_the_member_and_its_commi
         stack, names, max_poll_interval_ms="2000", max_objects_in_flight="1"
     )
     assignments: list[int] = []
-    original = ingest.worker._Rebalance.on_partitions_assigned
+    original = ingest.source.commits.Rebalance.on_partitions_assigned
 
-    async def counting(self: ingest.worker._Rebalance, assigned: object) -> None:
+    async def counting(self: ingest.source.commits.Rebalance, assigned: object) -> None:
         assignments.append(1)
         await original(self, assigned)
 
-    monkeypatch.setattr(ingest.worker._Rebalance, "on_partitions_assigned", counting)
+    monkeypatch.setattr(ingest.source.commits.Rebalance, "on_partitions_assigned", counting)
     run = await harness.run_worker(settings, stop_after=len(keys))
     assert sorted(harness.keys_of(run.outcomes)) == sorted(keys)
     assert len(assignments) == 1  # never evicted, so never re-assigned
@@ -225,7 +226,7 @@ async def test_a_repeat_is_not_committed_before_the_object_it_repeats_finished(
         await producer.stop()
     release = anyio.Event()
     started = anyio.Event()
-    real = ingest.pipeline.process_object  # the worker's name for it is patched below
+    real = ingest.pipeline.process.process_object  # the worker's name for it is patched below
 
     async def held(ctx: Context, ref: ObjectRef) -> Processed:
         started.set()

@@ -1,6 +1,6 @@
 """A large object's header: how many GETs, of which bytes, before the first range.
 
-``large_object.read_header`` against a source that serves one object from memory and
+``ingest.pipeline.large.read_header`` against a source that serves one object from memory and
 records the ranges asked for (the GETs themselves are covered against SeaweedFS in
 ``test_bad_input.py`` and ``test_s3_faults.py``).
 """
@@ -15,12 +15,12 @@ from typing import cast
 import pytest
 
 from ingest.errors import LimitExceeded
-from ingest.fetch import ObjectHead, Presigned
-from ingest.large_object import HEADER_GROWTH, read_header
-from ingest.notifications import ObjectRef
-from ingest.object_jobs import Context, Located
-from ingest.planning import ByteRange
+from ingest.fetch.planning import ByteRange
+from ingest.fetch.s3 import ObjectHead, Presigned
+from ingest.pipeline.jobs import Context, Located
+from ingest.pipeline.large import HEADER_GROWTH, read_header
 from ingest.settings import load_settings
+from ingest.source.notifications import ObjectRef
 from tests import bad_inputs
 
 KiB = 1024

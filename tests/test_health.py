@@ -6,7 +6,7 @@ import anyio
 import pytest
 from aiohttp import ClientSession
 
-from ingest.health import STALE_AFTER_S, Health, serve
+from ingest.ops.health import STALE_AFTER_S, Health, serve
 
 
 def test_ready_only_when_polling_and_both_servers_answered() -> None:

@@ -10,8 +10,8 @@ import pytest
 from botocore.utils import calculate_tree_hash
 
 from gpu.thread import cuda_unavailable_reason
-from ingest.samples import synthetic_ct_series, synthetic_multiframe
-from ingest.stack import Stack
+from ingest.embedded.samples import synthetic_ct_series, synthetic_multiframe
+from ingest.embedded.stack import Stack
 from tests import harness, hook_probe
 from tests.reference import reference_array
 from tests.test_worker import aws_environment

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.errors import NotificationError
-from ingest.notifications import (
+from ingest.source.notifications import (
     MAX_KEY_BYTES,
     Notification,
     ObjectRef,

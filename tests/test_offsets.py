@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.offsets import OffsetTracker
+from ingest.source.offsets import OffsetTracker
 
 P = ("t", 0)
 

@@ -10,9 +10,9 @@ import pytest
 
 from gpu.memory import alloc_host
 from ingest.errors import SourceUnavailable
-from ingest.ordered_reads import ReadInto, ordered_reads
-from ingest.planning import ByteRange, split_range
-from ingest.ring import PinnedRing
+from ingest.fetch.ordered_reads import ReadInto, ordered_reads
+from ingest.fetch.planning import ByteRange, split_range
+from ingest.fetch.ring import PinnedRing
 
 pytestmark = pytest.mark.anyio
 SLOT = 64 * 1024

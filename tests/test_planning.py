@@ -11,11 +11,17 @@ from hypothesis import strategies as st
 
 from gpu.formats import PixelFormat
 from ingest.errors import LimitExceeded
-from ingest.object_jobs import DevicePlan, device_plan
-from ingest.planning import HEADER_PROBE_BYTES, ByteRange, chunk_pixels, first_read, split_range
-from ingest.ring import SMALL_SLOT_SIZE
+from ingest.fetch.planning import (
+    HEADER_PROBE_BYTES,
+    ByteRange,
+    chunk_pixels,
+    first_read,
+    split_range,
+)
+from ingest.fetch.ring import SMALL_SLOT_SIZE
+from ingest.pipeline.jobs import DevicePlan, device_plan
 from ingest.settings import load_settings
-from ingest.sink import MAX_PARTS, MIN_PART, output_part_size
+from ingest.sink.output import MAX_PARTS, MIN_PART, output_part_size
 
 MiB = 1024 * 1024
 

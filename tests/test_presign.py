@@ -23,7 +23,7 @@ import pytest
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
-from ingest.presign import UrlSigner
+from ingest.fetch.presign import UrlSigner
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,8 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 from ingest.errors import BrokerRejected
-from ingest.kafka import Publisher
 from ingest.settings import Settings, load_settings
+from ingest.source.kafka import Publisher
 
 pytestmark = pytest.mark.anyio
 

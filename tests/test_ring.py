@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gpu.memory import alloc_host
-from ingest.ring import ALIGNMENT, PinnedRing
+from ingest.fetch.ring import ALIGNMENT, PinnedRing
 
 pytestmark = pytest.mark.anyio
 SLOT = 64 * 1024

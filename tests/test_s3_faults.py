@@ -24,6 +24,8 @@ import pytest
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
+from ingest.embedded.samples import example_bytes, synthetic_ct_series, synthetic_multiframe
+from ingest.embedded.stack import Stack
 from ingest.errors import (
     AccessDenied,
     IngestError,
@@ -31,11 +33,9 @@ from ingest.errors import (
     SourceUnavailable,
     TruncatedBody,
 )
-from ingest.fetch import Presigned, S3Source
-from ingest.planning import ByteRange
-from ingest.samples import example_bytes, synthetic_ct_series, synthetic_multiframe
+from ingest.fetch.planning import ByteRange
+from ingest.fetch.s3 import Presigned, S3Source
 from ingest.settings import Settings
-from ingest.stack import Stack
 from tests import harness
 from tests.faults import (
     Fault,

@@ -1,4 +1,4 @@
-"""ingest.samples: the objects parse with pydicom and are what they promise."""
+"""ingest.embedded.samples: the objects parse with pydicom and are what they promise."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pydicom import dcmread
 from pydicom.dataset import FileDataset
 from pydicom.encaps import generate_frames
 
-from ingest import samples
+from ingest.dicom.fragments import ENCAPSULATED_UNCOMPRESSED
+from ingest.embedded import samples
+from ingest.embedded.sample_parts import OffsetTable, write_encapsulated
+from ingest.embedded.samples_multiframe import synthetic_multiframe
 from ingest.errors import NotDicom, UnsupportedDicom
-from ingest.fragments import ENCAPSULATED_UNCOMPRESSED
-from ingest.sample_parts import OffsetTable, write_encapsulated
-from ingest.samples_multiframe import synthetic_multiframe
 from ingest.settings import Settings
 
 

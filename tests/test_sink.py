@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ingest.settings import Settings
-from ingest.sink import MIN_PART, ArrayWriter
+from ingest.sink.output import MIN_PART, ArrayWriter
 
 pytestmark = pytest.mark.anyio
 

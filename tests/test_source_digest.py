@@ -8,8 +8,8 @@ import random
 
 from botocore.utils import calculate_tree_hash
 
+from ingest.fetch.digest import Digests, SourceDigest
 from ingest.settings import Settings
-from ingest.source_digest import Digests, SourceDigest
 
 
 def settings(source_hash: str) -> Settings:

@@ -15,10 +15,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from botocore.exceptions import ClientError
 
-from ingest import server_process
-from ingest import stack as stack_module
-from ingest.errors import ConfigError
-from ingest.stack import (
+from ingest.embedded import server_process
+from ingest.embedded import stack as stack_module
+from ingest.embedded.stack import (
     S3Credentials,
     SeaweedFS,
     Stack,
@@ -29,6 +28,7 @@ from ingest.stack import (
     start_seaweedfs,
     start_tansu,
 )
+from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
     from tests.conftest import FreshNames

@@ -26,12 +26,11 @@ import pytest
 import structlog
 
 from ingest.cli import device_environment, main
+from ingest.embedded.samples import synthetic_ct_series
+from ingest.embedded.stack import Stack, create_topics
 from ingest.errors import ConfigError
 from ingest.logs import configure_logging
-from ingest.samples import synthetic_ct_series
-from ingest.settings import load_settings, setting_names
-from ingest.stack import Stack, create_topics
-from ingest.supervisor import (
+from ingest.ops.supervisor import (
     ChildSpec,
     Exit,
     RestartPolicy,
@@ -42,6 +41,7 @@ from ingest.supervisor import (
     describe_exit,
     parse_gpus,
 )
+from ingest.settings import load_settings, setting_names
 from tests import chaos, harness
 from tests.chaos import (
     OK,

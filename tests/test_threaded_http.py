@@ -18,8 +18,8 @@ from typing import ClassVar
 
 import pytest
 
-from ingest.http_answer import BodyCut, HttpStatusError, request_head
-from ingest.threaded_http import ConnectionPool, Transfer, get_into, put_from
+from ingest.fetch.http_answer import BodyCut, HttpStatusError, request_head
+from ingest.fetch.threaded_http import ConnectionPool, Transfer, get_into, put_from
 
 DATA = bytes(range(256)) * 64  # 16 KiB
 BIG = bytes(range(251)) * (4 * 1024 * 1024 // 251)  # ~4 MiB: read past the response's buffer

@@ -13,7 +13,7 @@ from botocore.utils import calculate_tree_hash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.tree_digest import LEAF_BYTES, TreeDigest
+from ingest.fetch.tree_digest import LEAF_BYTES, TreeDigest
 
 MiB = 1024 * 1024
 

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from botocore.utils import calculate_tree_hash
 
-from ingest.audit import open_envelope, verify_chain
-from ingest.samples import (
+from ingest.audit.records import open_envelope, verify_chain
+from ingest.embedded.samples import (
     example_bytes,
     not_dicom,
     synthetic_ct_series,
     synthetic_multiframe,
     synthetic_rgb,
 )
-from ingest.stack import Stack
+from ingest.embedded.stack import Stack
 from tests import harness
 from tests.reference import reference_array
 

@@ -1,0 +1,1 @@
+"""The audit trail: sealed, hash-chained records, their publication, decryption and verification."""

@@ -1,0 +1,1 @@
+"""``dicom-ingest bench``: our worker against reference readers; the diagnostics."""

@@ -1,0 +1,1 @@
+"""The device stage's async side: batching chunks for the dedicated device thread (gpu/)."""

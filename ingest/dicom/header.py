@@ -1,0 +1,291 @@
+"""What a DICOM header gives the pipeline, and the checks both of its readers share.
+
+``dicom.parse_header`` reads a header with pydicom, or first straight from its
+bytes (``direct``) when it is plain; both then hand the values they
+found to ``pixel_format``, ``text`` and ``locate_pixels`` here, so a header
+means the same whichever reader read it. ``Values`` is what both offer: a
+``get`` by pydicom keyword that returns what pydicom's ``Dataset.get`` would.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from gpu.formats import OutDtype, PixelFormat, Transform
+from ingest.dicom.fragments import (
+    ENCAPSULATED_UNCOMPRESSED,
+    ITEM_HEADER,
+    check_offset_tables,
+    fragment_length,
+    fragment_pitch,
+    read_item,
+)
+from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
+
+IMPLICIT_VR_LE: Final = "1.2.840.10008.1.2"
+EXPLICIT_VR_LE: Final = "1.2.840.10008.1.2.1"
+SUPPORTED_TRANSFER_SYNTAXES: Final = frozenset(
+    {IMPLICIT_VR_LE, EXPLICIT_VR_LE, ENCAPSULATED_UNCOMPRESSED}
+)
+
+PIXEL_TAG: Final = b"\xe0\x7f\x10\x00"
+FLOAT_TAGS: Final = {b"\xe0\x7f\x08\x00": "Float", b"\xe0\x7f\x09\x00": "Double Float"}
+UNDEFINED_LENGTH: Final = 0xFFFFFFFF
+_IMAGE_KEYWORDS: Final = "SamplesPerPixel Rows Columns BitsAllocated BitsStored PixelRepresentation"
+_OTHER_PHOTOMETRIC: Final = frozenset(
+    {"PALETTE COLOR", "YBR_FULL", "YBR_FULL_422", "YBR_PARTIAL_422", "YBR_PARTIAL_420"}
+    | {"YBR_ICT", "YBR_RCT", "HSV", "ARGB", "CMYK", "XYB"}
+)
+
+
+class Values(Protocol):
+    """Element values by pydicom keyword (a ``Dataset``, or a dict of the same values)."""
+
+    def get(self, key: str, /) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DicomHeader:
+    """What the pipeline needs from one DICOM object's header."""
+
+    transfer_syntax_uid: str  # from the file meta, or the encoding pydicom found
+    study_instance_uid: str | None
+    series_instance_uid: str | None
+    sop_instance_uid: str | None
+    modality: str | None
+    photometric_interpretation: str
+    pixel: PixelFormat
+    transform_slopes: tuple[float, ...]  # one value for all frames, or one per frame
+    transform_intercepts: tuple[float, ...]
+    rescale: bool  # False: pydicom's Modality LUT leaves stored values as they are
+    pixel_offset: int  # byte offset of the first sample within the object
+    pixel_length: int  # == pixel.total_bytes; the element may hold more (a pad byte)
+    # parse_header(per_frame=False) left the per-frame functional groups unread: the
+    # rescale fields above are empty until the header is parsed again in full
+    per_frame_pending: bool = False
+    # Encapsulated Uncompressed (ingest.dicom.fragments): frame k's samples start at
+    # pixel_offset + k * frame_pitch, an item header before each; 0: native, contiguous
+    frame_pitch: int = 0
+
+    def transform(self, window: tuple[float, float] | None, out_dtype: OutDtype) -> Transform:
+        """The preprocessing of this object's samples, with the worker's window and dtype."""
+        if self.per_frame_pending:
+            raise RuntimeError("the per-frame rescale values were not read: parse in full")
+        return Transform(
+            self.transform_slopes, self.transform_intercepts, self.rescale, window, out_dtype
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NeedMoreBytes:
+    """The prefix ended before the Pixel Data element header; try again with more."""
+
+    at_least: int  # bytes of prefix to fetch next (never more than the object)
+
+
+class ShortPrefix(Exception):
+    """Internal: the prefix ran out; ``need`` is a lower bound of what suffices."""
+
+    def __init__(self, need: int = 0) -> None:
+        self.need = need
+
+
+def pixel_element(data: bytes, pos: int, implicit: bool, complete: bool) -> tuple[int, int]:
+    """(value offset, value length) of the Pixel Data element whose tag is at ``pos``."""
+    size = 8 if implicit else 12
+    if pos + size > len(data):
+        if not complete:
+            raise ShortPrefix(pos + size)
+        raise MalformedDicom("truncated: the object ends inside the Pixel Data element header")
+    if not implicit and data[pos + 4 : pos + 6] not in (b"OB", b"OW"):
+        raise MalformedDicom(f"Pixel Data has VR {data[pos + 4 : pos + 6]!r}, not OB or OW")
+    return pos + size, int(struct.unpack_from("<I", data, pos + size - 4)[0])
+
+
+def missing(keyword: str, has_dicm: bool) -> Exception:
+    if not has_dicm:
+        return NotDicom(f"no 'DICM' prefix and no {keyword}: not a DICOM image")
+    return MalformedDicom(f"missing {keyword}")
+
+
+def _int(ds: Values, keyword: str, has_dicm: bool, default: int | None = None) -> int:
+    value = ds.get(keyword)
+    if value is None or value == "":
+        if default is not None:
+            return default
+        raise missing(keyword, has_dicm)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedDicom(f"{keyword} is not a single integer")
+    return int(value)
+
+
+def pixel_format(ds: Values, has_dicm: bool) -> tuple[PixelFormat, str]:
+    photometric = ds.get("PhotometricInterpretation")
+    if photometric is None or photometric == "":
+        raise missing("PhotometricInterpretation", has_dicm)
+    if not isinstance(photometric, str):
+        raise MalformedDicom("PhotometricInterpretation is not a single value")
+    photometric = photometric.strip()
+    samples, rows, columns, allocated, stored, representation = (
+        _int(ds, keyword, has_dicm) for keyword in _IMAGE_KEYWORDS.split()
+    )
+    # as pydicom does: an absent, empty or 0 Number of Frames means one frame
+    frames = _int(ds, "NumberOfFrames", has_dicm, default=1) or 1
+
+    if photometric in ("MONOCHROME1", "MONOCHROME2", "RGB"):
+        if samples != (3 if photometric == "RGB" else 1):
+            raise MalformedDicom(f"{photometric} with {samples} samples per pixel")
+    else:
+        shown = repr(photometric) if photometric in _OTHER_PHOTOMETRIC else "(unknown value)"
+        raise UnsupportedDicom(f"photometric interpretation {shown} is not supported")
+    if allocated in (1, 64):
+        raise UnsupportedDicom(f"Bits Allocated {allocated} is not supported")
+    if allocated not in (8, 16, 32):
+        raise MalformedDicom(f"Bits Allocated {allocated} is not 8, 16 or 32")
+    if not 1 <= stored <= allocated:
+        raise MalformedDicom(f"Bits Stored {stored} is not within 1..{allocated}")
+    if representation not in (0, 1):
+        raise MalformedDicom(f"Pixel Representation {representation} is not 0 or 1")
+    if not (1 <= rows <= 65535 and 1 <= columns <= 65535):
+        raise MalformedDicom(f"an image of {rows} x {columns} pixels")
+    if frames < 1:
+        raise MalformedDicom(f"Number of Frames {frames} is below 1")
+    planar = _int(ds, "PlanarConfiguration", has_dicm) if samples == 3 else 0
+    if planar not in (0, 1):
+        raise MalformedDicom(f"Planar Configuration {planar} is not 0 or 1")
+    signed, is_planar = representation == 1, planar == 1
+    pixel = PixelFormat(rows, columns, frames, samples, allocated, stored, signed, is_planar)
+    return pixel, photometric
+
+
+def text(ds: Values, keyword: str) -> str | None:
+    value = ds.get(keyword)
+    return (str(value) or None) if isinstance(value, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class PixelPlace:
+    offset: int  # of the first sample in the object
+    length: int  # the pixels' bytes (the element may hold one more, a pad byte)
+    pitch: int = 0  # encapsulated: from one frame's first sample to the next's
+
+
+def locate_pixels(
+    data: bytes,
+    pos: int,
+    implicit: bool,
+    complete: bool,
+    pixel: PixelFormat,
+    object_size: int,
+    max_pixel_bytes: int,
+    encapsulated: bool = False,
+    tables: tuple[object, object] = (None, None),
+) -> PixelPlace:
+    """Check the Pixel Data element whose tag is at ``pos`` against the image's format.
+
+    ``encapsulated``: Encapsulated Uncompressed, whose Extended Offset Table and its
+    lengths (values, or None) are ``tables``.
+
+    Raises:
+        ShortPrefix: ``data`` is a prefix that ends inside the element header (or,
+            encapsulated, before the first fragment's item header).
+        MalformedDicom, LimitExceeded: lengths that contradict the format or the object.
+    """
+    offset, length = pixel_element(data, pos, implicit, complete)
+    expected = pixel.total_bytes
+    if expected > max_pixel_bytes:
+        raise LimitExceeded(f"pixel data of {expected} bytes exceeds the limit ({max_pixel_bytes})")
+    if encapsulated:
+        return _locate_fragments(data, offset, length, complete, pixel, object_size, tables)
+    if length == UNDEFINED_LENGTH:
+        raise MalformedDicom("Pixel Data has undefined length in a native transfer syntax")
+    if length < expected:
+        raise MalformedDicom(f"Pixel Data holds {length} bytes but the header needs {expected}")
+    if offset + expected > object_size:
+        raise MalformedDicom(f"truncated: Pixel Data ends past the {object_size}-byte object")
+    if offset + length > object_size:
+        raise MalformedDicom(f"Pixel Data length runs past the {object_size}-byte object")
+    if length // pixel.frame_bytes > pixel.frames:  # pydicom would return the extra frames
+        raise MalformedDicom("Pixel Data holds more frames than Number of Frames says")
+    return PixelPlace(offset, expected)
+
+
+def _locate_fragments(
+    data: bytes,
+    offset: int,
+    length: int,
+    complete: bool,
+    pixel: PixelFormat,
+    object_size: int,
+    tables: tuple[object, object],
+) -> PixelPlace:
+    """Frames one per fragment after the Basic Offset Table item at ``offset``."""
+
+    def have(end: int, what: str) -> None:
+        if end > len(data):
+            if not complete:
+                raise ShortPrefix(end)
+            raise MalformedDicom(f"truncated: the object ends inside {what}")
+
+    if length != UNDEFINED_LENGTH:
+        raise MalformedDicom("Pixel Data has a defined length in an encapsulated transfer syntax")
+    extended, lengths = (_binary(value, name) for value, name in zip(tables, _TABLES, strict=True))
+    have(offset + ITEM_HEADER, "the Basic Offset Table")
+    basic = read_item(data, offset, "Basic Offset Table")
+    if basic % 4 or basic > 4 * pixel.frames:
+        raise MalformedDicom(f"Basic Offset Table of {basic} bytes for {pixel.frames} frames")
+    first_item = offset + ITEM_HEADER + basic
+    have(first_item + ITEM_HEADER, "the first fragment's item header")
+    check_offset_tables(data[offset + ITEM_HEADER : first_item], extended, lengths, pixel)
+    fragment = read_item(data, first_item, "the first fragment")
+    if fragment != fragment_length(pixel):
+        raise MalformedDicom(
+            f"the first fragment holds {fragment} bytes; one frame is {pixel.frame_bytes}"
+            " (Encapsulated Uncompressed: a frame a fragment)"
+        )
+    pitch = fragment_pitch(pixel)
+    if first_item + pixel.frames * pitch + ITEM_HEADER > object_size:
+        raise MalformedDicom(
+            f"truncated: {pixel.frames} frames of a fragment each run past the"
+            f" {object_size}-byte object"
+        )
+    return PixelPlace(first_item + ITEM_HEADER, pixel.total_bytes, pitch)
+
+
+_TABLES: Final = ("Extended Offset Table", "Extended Offset Table Lengths")
+
+
+def _binary(value: object, name: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    raise MalformedDicom(f"{name} is not one binary value")
+
+
+def header_of(
+    values: Values,
+    syntax: str,
+    pixel: PixelFormat,
+    photometric: str,
+    place: PixelPlace,
+    rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] | None,
+) -> DicomHeader:
+    """The header from checked parts; ``rescaled`` None: the per-frame values are pending."""
+    slopes, intercepts, rescale = rescaled or ((), (), False)
+    return DicomHeader(
+        transfer_syntax_uid=syntax,
+        study_instance_uid=text(values, "StudyInstanceUID"),
+        series_instance_uid=text(values, "SeriesInstanceUID"),
+        sop_instance_uid=text(values, "SOPInstanceUID"),
+        modality=text(values, "Modality"),
+        photometric_interpretation=photometric,
+        pixel=pixel,
+        transform_slopes=slopes,
+        transform_intercepts=intercepts,
+        rescale=rescale,
+        pixel_offset=place.offset,
+        pixel_length=place.length,
+        per_frame_pending=rescaled is None,
+        frame_pitch=place.pitch,
+    )

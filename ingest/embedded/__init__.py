@@ -1,0 +1,1 @@
+"""The embedded default: Tansu and SeaweedFS on loopback, ``demo``, ``stack``, samples."""

@@ -1,0 +1,254 @@
+"""S3 data requests on plain keep-alive connections, run in worker threads.
+
+Ranged GETs read into caller memory (``get_into``); PUTs send from it
+(``put_from``). Why the bytes do not go through aiobotocore: every body byte
+read or written through aiohttp passes the one event-loop thread (about
+1 GB/s per core) and is copied into or out of
+``bytes``. Here a worker thread receives the body straight into the ring slot,
+or hands the output arrays' own memory to ``sendall``: the kernel does the
+only copy, the GIL is released meanwhile, and there is one thread per request
+in flight, so transfers use every core.
+
+A GET writes its request and reads its answer on the socket itself
+(``http_answer.py`` says why), the whole body in one ``recv(MSG_WAITALL)`` on
+plain connections.
+PUTs, fewer and larger, use ``http.client``. ``http.client.HTTPConnection``
+also makes the connections (TLS included) that the pool keeps.
+
+Requests are presigned (SigV4 query authentication, in ``ingest/fetch/s3.py`` and
+``ingest/sink/output.py``), so a thread needs nothing from the event loop.
+Extra headers (``Range``, ``If-Match``) are sent unsigned, which S3 allows.
+
+Everything here is blocking and thread-safe: ``ConnectionPool`` hands each
+thread its own keep-alive connection, and ``Transfer.abort`` (from any
+thread) shuts the socket of a request in progress so a cancelled read ends at
+once instead of at its timeout. Failures leave as ``HttpStatusError`` (the
+server answered an error status, or a data answer S3 would not send),
+``BodyCut`` (the body ended or broke before its length; both defined in
+``http_answer.py``) or the socket's own ``OSError``/``TimeoutError``;
+``ingest/fetch/s3.py`` maps them onto ``ingest.errors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import ssl
+import threading
+from collections import defaultdict
+from urllib.parse import urlsplit
+
+from ingest.fetch.http_answer import (
+    ERROR_BODY_LIMIT,
+    RECV_WAITALL,
+    Answer,
+    HttpStatusError,
+    error_code,
+    read_answer,
+    request_head,
+)
+
+
+class Transfer:
+    """One GET, started on a thread and abortable from any other.
+
+    ``begin`` (on the GET's thread) and ``abort`` (from the event loop) agree
+    under a lock: a GET aborted before it began never starts, and one that
+    began has its socket shut down, so its ``readinto`` returns at once.
+    """
+
+    __slots__ = ("_aborted", "_began", "_lock", "_sock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._aborted = False
+        self._began = False
+
+    def begin(self) -> bool:
+        """Mark the GET as running; False if it was aborted first (then it must not run)."""
+        with self._lock:
+            self._began = not self._aborted
+            return self._began
+
+    def attach(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            self._sock = sock
+            aborted = self._aborted
+        if aborted and sock is not None:
+            _shutdown(sock)
+
+    def abort(self) -> bool:
+        """Stop the GET; True if it had begun (its thread may still be finishing)."""
+        with self._lock:
+            self._aborted = True
+            sock = self._sock
+            began = self._began
+        if sock is not None:
+            _shutdown(sock)
+        return began
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class ConnectionPool:
+    """Idle keep-alive connections per (scheme, host:port); each serves one GET at a time."""
+
+    def __init__(
+        self, connect_timeout_s: float, read_timeout_s: float, ssl_context: ssl.SSLContext
+    ) -> None:
+        self._connect_timeout = connect_timeout_s
+        self._read_timeout = read_timeout_s
+        self._ssl = ssl_context
+        self._lock = threading.Lock()
+        self._idle: defaultdict[tuple[str, str], list[http.client.HTTPConnection]] = defaultdict(
+            list
+        )
+        self._closed = False
+        self.opened = 0  # connections made, over the pool's life (reuse shows as few)
+
+    def take(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the connection pool is closed")
+            idle = self._idle[(scheme, netloc)]
+            if idle:
+                return idle.pop()
+            self.opened += 1
+        if scheme == "https":
+            return http.client.HTTPSConnection(
+                netloc, timeout=self._connect_timeout, context=self._ssl
+            )
+        if scheme != "http":
+            raise ValueError(f"unsupported URL scheme {scheme!r}")
+        return http.client.HTTPConnection(netloc, timeout=self._connect_timeout)
+
+    def give(self, scheme: str, netloc: str, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle[(scheme, netloc)].append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle = [c for conns in self._idle.values() for c in conns]
+            self._idle.clear()
+        for conn in idle:
+            conn.close()
+
+    @property
+    def read_timeout_s(self) -> float:
+        return self._read_timeout
+
+
+def get_into(
+    pool: ConnectionPool,
+    url: str,
+    headers: dict[str, str],
+    target: memoryview,
+    transfer: Transfer | None = None,
+) -> Answer:
+    """GET ``url`` and write up to ``len(target)`` body bytes into ``target`` (blocking).
+
+    A 206 must carry the whole requested length (``len(target)`` or the
+    object's end); a 200 (a server that ignored ``Range``) is read up to
+    ``len(target)`` and the rest of it dropped with the connection.
+
+    The request is written and its answer read on the connection's socket
+    (``http_answer.py``), not through ``http.client``'s response objects.
+
+    Raises:
+        HttpStatusError: any status but 200/206.
+        BodyCut: the body ended or broke before its length.
+        OSError, TimeoutError: connecting or sending failed, or a read timed out.
+    """
+    with _Lease(pool, url, transfer) as lease:
+        sock = lease.conn.sock
+        sock.sendall(request_head("GET", lease.path, lease.host, headers))
+        answer, lease.reusable = read_answer(sock, target, waitall=lease.plain and RECV_WAITALL)
+        return answer
+
+
+def put_from(
+    pool: ConnectionPool,
+    url: str,
+    headers: dict[str, str],
+    body: list[memoryview],
+    transfer: Transfer | None = None,
+) -> str:
+    """PUT the concatenation of ``body`` to ``url`` without joining it (blocking); the ETag.
+
+    Raises:
+        HttpStatusError: any status but 200.
+        OSError, TimeoutError: connecting, sending or reading the answer failed.
+    """
+    with _Lease(pool, url, transfer) as lease:
+        conn = lease.conn
+        conn.putrequest("PUT", lease.path, skip_accept_encoding=True)
+        for name, value in {**headers, "Content-Length": str(sum(map(len, body)))}.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        for piece in body:
+            conn.send(piece)
+        response = conn.getresponse()
+        answer = response.read(ERROR_BODY_LIMIT)
+        if response.status != 200:
+            code = error_code(answer)
+            raise HttpStatusError(response.status, code, f"S3 answered {response.status} {code}")
+        lease.reusable = response.isclosed()
+        return (response.getheader("ETag") or "").strip()
+
+
+class _Lease:
+    """One request's connection from the pool: connected, timed out, abortable.
+
+    It goes back to the pool on exit only if the request set ``reusable`` (its
+    answer was read to the end); otherwise it is closed.
+    """
+
+    def __init__(self, pool: ConnectionPool, url: str, transfer: Transfer | None) -> None:
+        parts = urlsplit(url)
+        self.path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self._pool = pool
+        self._where = (parts.scheme, parts.netloc)
+        self._transfer = transfer or Transfer()
+        default_port = {"http": 80, "https": 443}.get(parts.scheme)
+        self.host = parts.hostname or "" if parts.port in (None, default_port) else parts.netloc
+        if ":" in self.host and not self.host.startswith("["):  # an IPv6 address
+            self.host = f"[{self.host}]"
+        self.conn = pool.take(*self._where)
+        self.plain = parts.scheme == "http"  # not TLS: MSG_WAITALL may be used
+        self.reusable = False
+
+    def __enter__(self) -> _Lease:
+        try:
+            self._connect()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _connect(self) -> None:
+        if self.conn.sock is None:
+            self.conn.connect()
+        self.conn.sock.settimeout(self._pool.read_timeout_s)
+        self._transfer.attach(self.conn.sock)
+        if self._transfer.aborted:
+            raise OSError("the request was aborted")
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._transfer.attach(None)
+        if self.reusable:
+            self._pool.give(*self._where, self.conn)
+        else:
+            self.conn.close()

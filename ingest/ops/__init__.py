@@ -1,0 +1,1 @@
+"""Running the worker: health endpoints and the supervisor of several worker processes."""

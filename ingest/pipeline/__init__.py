@@ -1,0 +1,1 @@
+"""One object through the stages: first GET, header, reads, device, outputs."""

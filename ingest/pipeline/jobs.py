@@ -1,0 +1,159 @@
+"""What an object task shares between its two read paths: the services it uses
+(``Context``), the object version being read (``Located``, ``Target``), how a large
+object's Pixel Data goes to the device (``device_plan``, ``pixel_chunks``), the device
+job for a chunk of pixels (``chunk_job``: it also hands the result to a user hook), and
+the timings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpu.thread import ChunkJob, ChunkResult
+from ingest.device.stage import DeviceStage
+from ingest.dicom.fragments import ITEM_HEADER, check_items, chunk_fragments
+from ingest.dicom.parse import DicomHeader
+from ingest.fetch.digest import Digests
+from ingest.fetch.planning import PixelChunk, chunk_pixels
+from ingest.fetch.ring import PinnedRing, Slot
+from ingest.fetch.s3 import ObjectHead, Presigned, S3Source
+from ingest.hooks import Hook, HookChunk
+from ingest.settings import Settings
+from ingest.sink.output import MIN_PART, OutputSink
+from ingest.sink.records import Timings
+from ingest.source.notifications import ObjectRef
+
+# How a large object's Pixel Data goes to the device: chunks of how many source bytes,
+# and how many of them in flight (submitted, results not yet taken). When the results
+# stay on the GPU (a hook, no sink) a chunk is a whole part, and 128 MiB in flight keeps
+# the GPU busy (``python -m ingest.bench.diagnostics.trace_large`` shows the waits). When
+# they come back to host memory each chunk's result waits there, so chunks are smaller,
+# two in flight, to keep a worker process within ring + 300 MB:
+# - with the S3 sink, chunks of its 8 MiB parts, so the writer frees each result as
+#   soon as its part is sent;
+# - with the CPU twin and no sink, 16 MiB (float32 results are twice their int16 source).
+DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
+HOST_CHUNK_BYTES = 16 * 1024 * 1024
+HOST_WINDOW_BYTES = 32 * 1024 * 1024
+SINK_CHUNK_BYTES = MIN_PART
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePlan:
+    chunk_bytes: int  # source bytes per chunk: one range, one slot, one device job
+    window: int  # chunks of one object in flight on the device
+
+
+def device_plan(settings: Settings, backend: str) -> DevicePlan:
+    """Chunk size and window for this backend and sink (two chunks at least while the
+    results stay on the GPU, so one chunk's copy overlaps the previous one's kernel)."""
+    if settings.sink == "none" and backend == "cuda":
+        return DevicePlan(settings.part_size, max(2, DEVICE_WINDOW_BYTES // settings.part_size))
+    if settings.sink == "s3":
+        return DevicePlan(min(settings.part_size, SINK_CHUNK_BYTES), 2)
+    chunk = min(settings.part_size, HOST_CHUNK_BYTES)
+    return DevicePlan(chunk, max(1, HOST_WINDOW_BYTES // chunk))
+
+
+def pixel_chunks(header: DicomHeader, chunk_bytes: int) -> list[PixelChunk]:
+    """The reads of ``header``'s Pixel Data in ranges of at most ``chunk_bytes``; they
+    tile the object from ``pixels_start(header)`` on (the Sequence Delimiter of
+    Encapsulated Uncompressed included)."""
+    if header.frame_pitch:
+        return chunk_fragments(header.pixel_offset - ITEM_HEADER, header.pixel, chunk_bytes)
+    return chunk_pixels(header.pixel_offset, header.pixel, chunk_bytes)
+
+
+def pixels_start(header: DicomHeader) -> int:
+    """Where the first chunk's range starts (the bytes before it are the header's)."""
+    return header.pixel_offset - (ITEM_HEADER if header.frame_pitch else 0)
+
+
+@dataclass(slots=True)
+class Context:
+    """The shared services an object task uses."""
+
+    settings: Settings
+    source: S3Source
+    sink: OutputSink
+    ring: PinnedRing
+    device: DeviceStage
+    hook: Hook | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The object version a chunk belongs to (what a hook is told)."""
+
+    ref: ObjectRef
+    head: ObjectHead
+
+    @property
+    def bucket(self) -> str:
+        return self.ref.bucket
+
+    @property
+    def key(self) -> str:
+        return self.ref.key
+
+    @property
+    def etag(self) -> str:
+        return self.head.etag
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """The object version being read: its presigned URL, and what the first GET told."""
+
+    where: Presigned
+    ref: ObjectRef
+    head: ObjectHead
+
+    @property
+    def target(self) -> Target:
+        return Target(self.ref, self.head)
+
+
+Done = tuple[DicomHeader, Digests, str, Timings]  # header, digests, backend, timings
+
+
+def chunk_job(
+    ctx: Context, ref: Target, header: DicomHeader, slot: Slot, view: memoryview, chunk: PixelChunk
+) -> ChunkJob:
+    """The device job for ``chunk``, whose range's bytes are ``view`` (in ``slot``); it
+    holds its own reference to ``slot`` until copied.
+
+    Its result has the host values, or None when the sink is off (a hook has them).
+
+    Raises:
+        MalformedDicom: an item header the chunk must hold is not there (``check_items``).
+    """
+    check_items(view, chunk)
+    pixels, first_element = chunk.samples(view), chunk.first_element
+    slot.retain()
+    transform = header.transform(ctx.settings.window, ctx.settings.output_dtype)
+    on_result = None
+    if ctx.hook is not None:
+        hook, shape, dtype = ctx.hook, header.pixel.shape, ctx.settings.output_dtype
+        elements = chunk.elements
+
+        def on_result(result: ChunkResult) -> None:  # on the device thread
+            array = result.device if result.device is not None else result.host
+            hook(
+                HookChunk(
+                    ref.bucket, ref.key, ref.etag, header.sop_instance_uid, shape, dtype,
+                    first_element, elements, result.backend, array,
+                )
+            )  # fmt: skip
+
+    return ChunkJob(
+        data=pixels,
+        fmt=header.pixel,
+        transform=transform,
+        first_element=first_element,
+        on_consumed=slot.release_threadsafe,
+        keep_on_device=ctx.hook is not None,
+        want_host=ctx.settings.sink != "none",
+        on_result=on_result,
+        pitch=chunk.pitch,
+    )

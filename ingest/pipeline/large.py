@@ -1,0 +1,195 @@
+"""A large object (larger than its first GET): the header's layout from the probe, then
+the Pixel Data read in chunks into ring slots, concurrently and taken in order
+(``ordered_reads``: started up to twice ``fetch_concurrency`` ahead, read on the
+source's ``fetch_concurrency`` GET threads, all objects together), while per-frame
+rescale values are parsed. Each chunk goes to the device as soon as it is read
+(``device_plan`` says how many in flight), is hashed meanwhile, and its result is
+streamed to the output writer in order. Bytes after the Pixel Data are read only
+for the hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import deque
+from contextlib import AbstractAsyncContextManager
+
+import anyio
+
+from gpu.thread import ChunkResult
+from ingest.dicom.parse import DicomHeader, parse_header
+from ingest.errors import LimitExceeded, MalformedDicom
+from ingest.fetch.digest import SourceDigest
+from ingest.fetch.ordered_reads import InOrder, ordered_reads
+from ingest.fetch.planning import ByteRange, PixelChunk, split_range
+from ingest.pipeline.jobs import (
+    Context,
+    Done,
+    Located,
+    Target,
+    chunk_job,
+    device_plan,
+    pixel_chunks,
+    pixels_start,
+)
+from ingest.settings import Settings
+from ingest.sink.output import ArrayWriter, DiscardWriter
+from ingest.sink.records import Timings
+
+# A header longer than the probe: the prefix grows at least this many times over per
+# GET (each is a round trip before the first range; the object is larger than a part).
+HEADER_GROWTH = 4
+
+
+async def read_header(
+    ctx: Context, obj: Located, probe: memoryview
+) -> tuple[DicomHeader, bytes | None, SourceDigest]:
+    """The header's layout from the probe (reading on, at least ``HEADER_GROWTH`` times
+    the prefix per GET, while the parser asks for more), a hasher that has taken the
+    bytes before the Pixel Data, and a copy of the prefix when per-frame values are
+    still to be read from it (``_large`` does that while the first chunks arrive)."""
+    size = obj.head.size
+    prefix: memoryview | bytearray = probe
+    while True:
+        parsed = await anyio.to_thread.run_sync(
+            functools.partial(
+                parse_header, memoryview(prefix), size,
+                max_header_bytes=ctx.settings.max_header_bytes, per_frame=False,
+            )
+        )  # fmt: skip
+        if isinstance(parsed, DicomHeader):
+            before = memoryview(prefix)[: pixels_start(parsed)]
+            hasher = SourceDigest(ctx.settings, size, before)
+            return parsed, bytes(prefix) if parsed.per_frame_pending else None, hasher
+        length = len(prefix)
+        if length >= size:
+            raise MalformedDicom("the header does not end inside the object")
+        limit = ctx.settings.max_header_bytes
+        next_length = min(size, max(parsed.at_least, min(length * HEADER_GROWTH, limit)))
+        if next_length > limit:
+            raise LimitExceeded(f"DICOM header larger than {ctx.settings.max_header_bytes} bytes")
+        grown = bytearray(next_length)  # only the bytes not read yet are fetched
+        grown[:length] = prefix
+        await ctx.source.read_into(
+            obj.where, obj.head, ByteRange(length, next_length), memoryview(grown)[length:]
+        )
+        prefix = grown
+
+
+def _parse_in_full(prefix: bytes, size: int, settings: Settings) -> DicomHeader:
+    """The header with its per-frame values, from the prefix its layout came from."""
+    parsed = parse_header(prefix, size, max_header_bytes=settings.max_header_bytes)
+    if not isinstance(parsed, DicomHeader):  # the same bytes gave a layout before
+        raise MalformedDicom("the header does not end inside the prefix read for it")
+    return parsed
+
+
+async def read_large(
+    ctx: Context,
+    obj: Located,
+    layout: DicomHeader,
+    prefix: bytes | None,
+    hasher: SourceDigest,
+    npy_key: str,
+) -> Done:
+    """Read the Pixel Data in chunks (and the trailer, for the hash) after the header.
+
+    The reads start from the header's layout; per-frame rescale values, when the
+    object has them, are parsed from ``prefix`` meanwhile, so they do not delay the
+    first range (2,048 frames take ~13 ms).
+    """
+    timings = Timings()
+    plan = device_plan(ctx.settings, ctx.device.backend)
+    chunks = pixel_chunks(layout, plan.chunk_bytes)
+    target = obj.target
+    trailer = split_range(chunks[-1].range.end, obj.head.size, ctx.settings.part_size)
+    t = time.perf_counter()
+    async with (
+        ctx.sink.array(npy_key, layout.pixel.shape, ctx.settings.output_dtype) as out,
+        _ordered_reads(ctx, obj, [c.range for c in chunks], hasher) as reads,
+    ):
+        header = layout
+        if prefix is not None:  # counted in device_s: the first ranges arrive meanwhile
+            header = await anyio.to_thread.run_sync(
+                _parse_in_full, prefix, obj.head.size, ctx.settings
+            )
+        await _pipelined_chunks(ctx, target, header, hasher, out, chunks, reads)
+    if hasher.enabled:  # the bytes after the Pixel Data matter only to the hash
+        async with _ordered_reads(ctx, obj, trailer, hasher) as reads:
+            index = 0
+            async for slot, view in reads:
+                try:
+                    if hasher.in_order:
+                        start = trailer[index].start
+                        await anyio.to_thread.run_sync(hasher.update, start, view)
+                finally:
+                    slot.release()
+                index += 1
+    timings.device_s = time.perf_counter() - t
+    return header, hasher.digests(), ctx.device.backend, timings
+
+
+async def _pipelined_chunks(
+    ctx: Context,
+    target: Target,
+    header: DicomHeader,
+    hasher: SourceDigest,
+    out: ArrayWriter | DiscardWriter,
+    chunks: list[PixelChunk],
+    reads: InOrder,
+) -> None:
+    """Each chunk goes to the device as soon as it is read, up to ``device_plan``'s window
+    of this object in flight, so copies and kernels of one object overlap (one chunk at a
+    time left the device idle between round trips). The plain SHA-256 takes the chunks in
+    order while the device works (the tree hash took them as they were read), and
+    results are written in order.
+
+    A slot is shared: the device's reference goes when its copy is done, ours when the
+    chunk is hashed (``to_thread.run_sync`` is not abandoned on cancellation, so the
+    hasher has finished reading it by then).
+    """
+    in_flight: deque[asyncio.Future[ChunkResult]] = deque()
+    window = device_plan(ctx.settings, ctx.device.backend).window
+    try:
+        index = 0
+        async for slot, view in reads:
+            try:
+                job = chunk_job(ctx, target, header, slot, view, chunks[index])
+                in_flight.append(await ctx.device.submit(job))
+                if hasher.in_order:
+                    start = chunks[index].range.start
+                    await anyio.to_thread.run_sync(hasher.update, start, view)
+            finally:
+                slot.release()
+            index += 1
+            if len(in_flight) >= window:
+                await out.write((await in_flight.popleft()).host)
+        while in_flight:
+            await out.write((await in_flight.popleft()).host)
+    finally:
+        for future in in_flight:  # an error or a cancellation: nobody takes these results
+            future.cancel()
+
+
+def _ordered_reads(
+    ctx: Context, obj: Located, ranges: list[ByteRange], hasher: SourceDigest
+) -> AbstractAsyncContextManager[InOrder]:
+    """``ordered_reads`` of this object's ``ranges``, at most ``fetch_concurrency`` at once
+    across all objects (the source's GET threads), started up to twice that ahead (three
+    quarters of the ring at most).
+
+    A hash that takes ranges in any order (the tree hash) takes each one in a worker
+    thread right after its GET (off the GET threads), so the ranges in flight are
+    hashed on as many cores; the consumer gets the range once it is hashed.
+    """
+
+    async def read(byte_range: ByteRange, into: memoryview) -> None:
+        await ctx.source.read_into(obj.where, obj.head, byte_range, into)
+        if hasher.any_order:
+            data = into[: byte_range.length]
+            await anyio.to_thread.run_sync(hasher.update, byte_range.start, data)
+
+    ahead = max(1, min(2 * ctx.settings.fetch_concurrency, ctx.ring.stats().slots * 3 // 4))
+    return ordered_reads(ctx.ring, ranges, read, ahead)

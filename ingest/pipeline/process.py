@@ -1,0 +1,125 @@
+"""One object, end to end: ranged reads into the ring, header, device, outputs.
+
+``process_object`` is what an object task runs; it returns a ``Processed`` or
+raises an ``IngestError``. There is no HEAD: the first GET reads into a slot
+either the whole object (when the notification's size, or nothing known,
+says it fits one part) or a header probe, and its answer gives the object's
+true size and ETag. Then one of two paths:
+
+* small (the first GET held it all): header parse and SHA-256 run together
+  in a worker thread; the Pixel Data is handed to the device straight from
+  the slot.
+* large: ``ingest/pipeline/large.py`` parses the header's layout from the probe
+  and reads the Pixel Data in chunks, each to the device as soon as it is read.
+
+What the two paths share (the services, the device plan and jobs) is in
+``ingest/pipeline/jobs.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+from ingest.dicom.fragments import ITEM_HEADER
+from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
+from ingest.errors import MalformedDicom, NotDicom, ObjectChanged
+from ingest.fetch.digest import Digests, SourceDigest
+from ingest.fetch.planning import first_read
+from ingest.fetch.ring import Slot
+from ingest.pipeline.jobs import Context, Done, Located, chunk_job, pixel_chunks
+from ingest.pipeline.large import read_header, read_large
+from ingest.settings import Settings
+from ingest.sink.output import output_keys
+from ingest.sink.records import Processed, Timings
+from ingest.source.notifications import ObjectRef
+
+MAX_VERSION_RETRIES = 3
+
+
+async def process_object(ctx: Context, ref: ObjectRef) -> Processed:
+    """Process the current version of ``ref``; re-reads it if it changes under us.
+
+    Raises:
+        IngestError: any failure; ``retriable`` ones have been retried already.
+    """
+    for attempt in range(1, MAX_VERSION_RETRIES + 1):
+        try:
+            return await _process_version(ctx, ref)
+        except ObjectChanged as exc:
+            if ref.version_id or attempt == MAX_VERSION_RETRIES:
+                exc.attempts = attempt
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
+    started = time.perf_counter()
+    where = await ctx.source.locate(ref.bucket, ref.key, ref.version_id)
+    expected = ref.size if ref.size else ctx.settings.part_size  # a hint; the answer decides
+    first = first_read(expected, ctx.settings.part_size, ctx.settings.max_header_bytes)
+    npy_key, json_key = output_keys(ctx.settings, ref.bucket, ref.key)
+    slot = await ctx.ring.acquire(first.length)  # a small slot when it fits one
+    parse = functools.partial(_parse_and_hash, settings=ctx.settings)
+    try:
+        # a whole object is parsed in the GET's thread
+        head, filled, parsed = await ctx.source.read_first_then(
+            where, slot.view[: first.length], parse
+        )
+        first_s = time.perf_counter() - started - (parsed.seconds if parsed else 0.0)
+        if head.size == 0:
+            raise NotDicom("the object is empty (0 bytes)")
+        obj = Located(where, ref, head)
+        small = parsed is not None  # the first GET held it all (filled == head.size)
+        if parsed is not None:
+            done = await _small(ctx, obj, slot, npy_key, parsed)
+        else:  # the probe's slot goes back before the chunks take theirs (no deadlock)
+            t = time.perf_counter()
+            layout, prefix, hasher = await read_header(ctx, obj, slot.view[:filled])
+            parse_s = time.perf_counter() - t
+    finally:
+        slot.release()
+    if not small:
+        done = await read_large(ctx, obj, layout, prefix, hasher, npy_key)
+        done[3].parse_s = parse_s
+    header, digests, backend, timings = done
+    timings.first_get_s = first_s
+    timings.started_at = started
+    timings.total_s = time.perf_counter() - started
+    return Processed(ref, head, header, digests, backend, npy_key, json_key, timings)
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """A whole object's header and source digest, and the seconds they took (in a thread)."""
+
+    header: DicomHeader
+    digests: Digests
+    seconds: float
+
+
+def _parse_and_hash(data: memoryview, settings: Settings) -> _Parsed:
+    """Parse and hash a whole object (``data`` is all of it)."""
+    started = time.perf_counter()
+    header = parse_header(data, len(data), max_header_bytes=settings.max_header_bytes)
+    if isinstance(header, NeedMoreBytes):
+        raise MalformedDicom("the header does not end inside the object")
+    digests = SourceDigest(settings, len(data), data).digests()
+    return _Parsed(header, digests, time.perf_counter() - started)
+
+
+async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _Parsed) -> Done:
+    """The whole object is in ``slot`` (the caller releases it), parsed."""
+    timings = Timings(parse_s=parsed.seconds)
+    header, digests = parsed.header, parsed.digests
+    data = slot.view[: obj.head.size]
+    # one chunk: a "part" larger than the object holds all its frames and item headers
+    chunk = pixel_chunks(header, obj.head.size + 2 * ITEM_HEADER)[0]
+    view = data[chunk.range.start : chunk.range.end]
+    t = time.perf_counter()
+    async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
+        result = await ctx.device.process(chunk_job(ctx, obj.target, header, slot, view, chunk))
+        timings.device_s = time.perf_counter() - t
+        await out.write(result.host)  # None when the sink is off: a hook has the values
+    return header, digests, ctx.device.backend, timings

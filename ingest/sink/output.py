@@ -1,0 +1,331 @@
+"""Writing outputs: the ``.npy`` array (streamed, multipart when large) and its JSON sidecar.
+
+For a source ``s3://B/K`` the outputs are ``OUTPUT_URL + B + "/" + K + ".npy"``
+and ``... + ".json"`` (DESIGN.md 3.4). The array arrives as output chunks in
+order; small arrays are written with one PUT, larger ones with a multipart
+upload whose parts (8 MiB, S3 wants at least 5 MiB; larger only when an
+output would need more than S3's 10,000 parts) are uploaded while later
+chunks are still being processed, ``SINK_PARTS_IN_FLIGHT`` at a time, so the
+sink holds at most that many parts plus one of memory per object whatever
+its size. The bytes depend only on the source version and the settings, so
+writing the same object twice gives the same keys with the same bytes
+(idempotent outputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import anyio
+import numpy as np
+from anyio.abc import TaskGroup
+
+from ingest.errors import SinkError
+from ingest.fetch.s3 import S3Source, translate_s3_error
+from ingest.retry import with_retries
+from ingest.settings import Settings
+
+MIN_PART = 8 * 1024 * 1024
+MAX_PARTS = 10_000  # S3's limit per multipart upload
+_MIB = 1024 * 1024
+
+
+def output_part_size(total: int) -> int:
+    """Bytes per multipart part for an output of ``total`` bytes: 8 MiB, or the
+    smallest whole MiB that keeps the upload within ``MAX_PARTS`` parts."""
+    return max(MIN_PART, -(-total // (MAX_PARTS * _MIB)) * _MIB)
+
+
+def output_keys(settings: Settings, bucket: str, key: str) -> tuple[str, str]:
+    """The ``.npy`` and ``.json`` keys (in the output bucket) for a source object."""
+    base = f"{settings.output_prefix}{bucket}/{key}"
+    return base + ".npy", base + ".json"
+
+
+def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
+    """The header of a C-order ``.npy`` file (format 1.0 or 2.0 as NumPy picks)."""
+    out = io.BytesIO()
+    header: dict[str, Any] = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": False,
+        "shape": shape,
+    }
+    try:
+        np.lib.format.write_array_header_1_0(out, header)
+    except ValueError:  # header over 64 KiB: only absurd shapes; v2 lifts the limit
+        out = io.BytesIO()
+        np.lib.format.write_array_header_2_0(out, header)
+    return out.getvalue()
+
+
+@dataclass(slots=True)
+class _Upload:
+    upload_id: str | None = None
+    parts: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ArrayWriter:
+    """Streams one ``.npy`` object. Use as ``async with sink.array(...) as w: await w.write(..)``.
+
+    On an exception inside the block the multipart upload is aborted, so no
+    partial object is ever visible under the output key.
+    """
+
+    def __init__(self, sink: OutputSink, key: str, shape: tuple[int, ...], dtype: str) -> None:
+        self._sink = sink
+        self._key = key
+        header = npy_header(shape, dtype)
+        self.payload = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.total = len(header) + self.payload
+        self._pieces: list[memoryview] = [memoryview(header)]  # sent as they are, never joined
+        self._buffered = len(header)
+        self._written = 0
+        self._upload = _Upload()
+        self._part_size = output_part_size(self.total)
+        self._multipart = self.total > 2 * self._part_size
+        self._limiter = anyio.Semaphore(sink.parts_in_flight)
+        self._group: TaskGroup | None = None
+        self._error: Exception | None = None  # first failed part, raised in the writer's task
+
+    async def __aenter__(self) -> ArrayWriter:
+        if self._multipart:
+            self._group = anyio.create_task_group()
+            await self._group.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._group is not None:
+            if exc is not None:
+                self._group.cancel_scope.cancel()
+            try:
+                await self._group.__aexit__(exc_type, exc, tb)
+            except BaseException as error:
+                await self._abort()
+                if exc is not None and isinstance(error, BaseExceptionGroup):
+                    return None  # the block's own error goes on as it is, not grouped
+                raise
+        try:
+            if exc is None:
+                self._raise_failed_part()
+                await self._finish()
+        except BaseException:
+            await self._abort()
+            raise
+        if exc is not None:
+            await self._abort()
+        return None
+
+    async def write(self, values: np.ndarray | None) -> None:
+        """Append output values (any shape, C order, the writer's dtype).
+
+        The writer keeps views of the arrays and sends them as they are (the
+        kernel's copy into the socket is the only one); the caller must not
+        modify ``values`` afterwards.
+        """
+        if values is None:
+            raise _PermanentSinkError("no host values to write (the device kept them)")
+        self._raise_failed_part()
+        data = np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
+        if self._written + len(data) > self.payload:
+            raise _PermanentSinkError("more output values than the array's shape holds")
+        self._pieces.append(data)
+        self._buffered += len(data)
+        self._written += len(data)
+        if self._multipart:
+            while self._buffered >= self._part_size:
+                await self._start_part(self._take(self._part_size))
+
+    def _take(self, size: int) -> list[memoryview]:
+        """The next ``size`` buffered bytes (all of them with ``size=-1``), as views (no copy)."""
+        size = self._buffered if size < 0 else size
+        views: list[memoryview] = []
+        taken = 0
+        while taken < size:
+            piece = self._pieces[0]
+            n = min(len(piece), size - taken)
+            views.append(piece[:n])
+            taken += n
+            if n == len(piece):
+                self._pieces.pop(0)
+            else:
+                self._pieces[0] = piece[n:]
+        self._buffered -= size
+        return views
+
+    async def _start_part(self, body: list[memoryview]) -> None:
+        if self._upload.upload_id is None:
+            self._upload.upload_id = await self._sink._create_upload(self._key)
+        number = len(self._upload.parts) + 1
+        self._upload.parts.append({"PartNumber": number})
+        await self._limiter.acquire()  # bounds parts (memory) in flight
+        assert self._group is not None
+        self._group.start_soon(self._put_part, number, body)
+
+    async def _put_part(self, number: int, body: list[memoryview]) -> None:
+        try:
+            etag = await self._sink._upload_part(self._key, self._upload.upload_id, number, body)
+            self._upload.parts[number - 1]["ETag"] = etag
+        except Exception as exc:  # raised by write()/finish in the owner's task, unwrapped
+            self._error = self._error or exc
+        finally:
+            self._limiter.release()
+
+    def _raise_failed_part(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    async def _finish(self) -> None:
+        if self._written != self.payload:
+            raise _PermanentSinkError(f"output has {self._written} bytes, expected {self.payload}")
+        if not self._multipart:
+            await self._sink.put(self._key, self._take(-1), "application/octet-stream")
+            return
+        if self._buffered:  # the last part may be smaller than the rest
+            if self._upload.upload_id is None:
+                self._upload.upload_id = await self._sink._create_upload(self._key)
+            number = len(self._upload.parts) + 1
+            etag = await self._sink._upload_part(
+                self._key, self._upload.upload_id, number, self._take(-1)
+            )
+            self._upload.parts.append({"PartNumber": number, "ETag": etag})
+        await self._sink._complete_upload(self._key, self._upload.upload_id, self._upload.parts)
+
+    async def _abort(self) -> None:
+        if self._upload.upload_id is not None:
+            with anyio.CancelScope(shield=True):
+                await self._sink._abort_upload(self._key, self._upload.upload_id)
+
+
+class DiscardWriter:
+    """The writer of ``DICOM_INGEST_SINK=none``: arrays stay where they are (a hook has them)."""
+
+    async def __aenter__(self) -> DiscardWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    async def write(self, values: np.ndarray | None) -> None:
+        return None
+
+
+class OutputSink:
+    """Writes outputs to the output bucket: data PUTs through ``S3Source.put_from``
+    (threads, presigned, bodies never joined); the multipart bookkeeping through
+    the aiobotocore client."""
+
+    def __init__(self, source: S3Source, settings: Settings) -> None:
+        self._source = source
+        self._client = source.client
+        self.settings = settings
+        self.parts_in_flight = settings.sink_parts_in_flight
+
+    def array(self, key: str, shape: tuple[int, ...], dtype: str) -> ArrayWriter | DiscardWriter:
+        if self.settings.sink == "none":
+            return DiscardWriter()
+        return ArrayWriter(self, key, shape, dtype)
+
+    async def put(self, key: str, body: list[memoryview], content_type: str) -> None:
+        """One PUT, retried on transient failures.
+
+        Raises:
+            SinkError: the write failed for good.
+        """
+        url = await self._presign("put_object", Key=key, ContentType=content_type)
+        headers = {"Content-Type": content_type}
+
+        async def call() -> None:
+            await self._put(url, headers, body, "put_object")
+
+        await with_retries(self.settings, call)
+
+    async def put_json(self, key: str, document: Mapping[str, Any]) -> None:
+        body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+        await self.put(key, [memoryview(body)], "application/json")
+
+    async def _create_upload(self, key: str) -> str:
+        async def call() -> str:
+            resp = await self._call(
+                "create_multipart_upload", Key=key, ContentType="application/octet-stream"
+            )
+            return str(resp["UploadId"])
+
+        return await with_retries(self.settings, call)
+
+    async def _upload_part(
+        self, key: str, upload_id: str | None, number: int, body: list[memoryview]
+    ) -> str:
+        url = await self._presign("upload_part", Key=key, UploadId=upload_id, PartNumber=number)
+
+        async def call() -> str:
+            return await self._put(url, {}, body, "upload_part")
+
+        return await with_retries(self.settings, call)
+
+    async def _presign(self, operation: str, **params: Any) -> str:
+        try:
+            return await self._source.presign(
+                operation, Bucket=self.settings.output_bucket, **params
+            )
+        except Exception as exc:
+            raise _PermanentSinkError(f"{operation}: {exc}") from exc
+
+    async def _put(
+        self, url: str, headers: dict[str, str], body: list[memoryview], operation: str
+    ) -> str:
+        try:
+            etag = await self._source.put_from(url, headers, body)
+        except Exception as exc:
+            raise self._translate(exc, operation) from exc
+        if not etag:
+            raise SinkError(f"{operation}: the answer had no ETag")
+        return etag
+
+    async def _complete_upload(
+        self, key: str, upload_id: str | None, parts: list[dict[str, Any]]
+    ) -> None:
+        async def call() -> None:
+            await self._call(
+                "complete_multipart_upload",
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+
+        await with_retries(self.settings, call)
+
+    async def _abort_upload(self, key: str, upload_id: str) -> None:
+        # What we could not abort, the bucket's lifecycle rule for incomplete uploads reaps.
+        with contextlib.suppress(SinkError):
+            await self._call("abort_multipart_upload", Key=key, UploadId=upload_id)
+
+    async def _call(self, operation: str, **kwargs: Any) -> Any:
+        try:
+            with anyio.fail_after(self.settings.read_timeout_s):
+                return await getattr(self._client, operation)(
+                    Bucket=self.settings.output_bucket, **kwargs
+                )
+        except Exception as exc:
+            raise self._translate(exc, operation) from exc
+
+    @staticmethod
+    def _translate(exc: Exception, operation: str) -> SinkError:
+        error = translate_s3_error(exc, operation)  # its message names the operation
+        if not error.retriable:
+            return _PermanentSinkError(str(error))
+        return SinkError(str(error))
+
+
+class _PermanentSinkError(SinkError):
+    retriable = False

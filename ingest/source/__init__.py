@@ -1,0 +1,1 @@
+"""Where work comes from: S3 notifications on Kafka, consumer and producer, offsets, commits."""

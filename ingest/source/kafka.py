@@ -1,0 +1,173 @@
+"""The Kafka edge: the consumer of notifications and the producer of results, DLQ, audit.
+
+aiokafka exceptions are translated into ``BrokerError`` here and nowhere else.
+Produces are acknowledged by all in-sync replicas (``acks="all"``) and awaited,
+because an offset may be committed only once what its record caused is
+durable. A broker outage is waited out (retried until shutdown) rather than
+turned into lost work; only a broker's definite refusal ends a send.
+Auto-commit is off: ``worker.py`` commits through ``OffsetTracker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NodeNotReadyError
+from aiokafka.structs import OffsetAndMetadata
+
+from ingest.errors import BrokerError, BrokerRejected
+from ingest.retry import with_retries
+from ingest.settings import Settings
+from ingest.source.offsets import Partition
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+def make_consumer(settings: Settings, listener: Any = None) -> AIOKafkaConsumer:
+    """A consumer-group member of ``group_id`` on the source topic, auto-commit off."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=settings.group_id,
+        client_id=f"dicom-ingest-{settings.worker_id}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
+    )
+    consumer.subscribe([settings.source_topic], listener=listener)
+    return consumer
+
+
+def make_producer(settings: Settings) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        client_id=f"dicom-ingest-{settings.worker_id}",
+        acks="all",
+        linger_ms=2,
+        max_request_size=MAX_MESSAGE_BYTES,
+    )
+
+
+def translate_kafka_error(exc: KafkaError, what: str) -> BrokerError:
+    """aiokafka's own ``retriable`` flag decides; timeouts and lost connections are retriable."""
+    retriable = getattr(exc, "retriable", False) or isinstance(
+        exc, KafkaTimeoutError | KafkaConnectionError | NodeNotReadyError
+    )
+    kind = BrokerError if retriable else BrokerRejected
+    return kind(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def encode_json(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+class Publisher:
+    """Sends to the results, dead-letter and audit topics; each send is awaited."""
+
+    def __init__(self, producer: AIOKafkaProducer, settings: Settings) -> None:
+        self._producer = producer
+        self._settings = settings
+
+    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        """Produce and wait for the acknowledgement, retried on retriable broker errors.
+
+        Raises:
+            BrokerError: the broker did not take the message.
+        """
+
+        async def call() -> None:
+            try:
+                await self._producer.send_and_wait(topic, value, key=key)
+            except KafkaError as exc:
+                raise translate_kafka_error(exc, f"produce to {topic}") from exc
+
+        await with_retries(self._settings, call, forever=True)
+
+    async def enqueue(self, topic: str, value: bytes, key: bytes | None) -> asyncio.Future[Any]:
+        """Hand a message to the producer without waiting for the broker; keeps send order.
+
+        A retriable refusal (no metadata yet, the broker away) comes back as a
+        failed delivery, which ``confirm`` sends again under the retry policy.
+
+        Raises:
+            BrokerRejected: the producer refused the message for good (too large...).
+        """
+        try:
+            delivery: asyncio.Future[Any] = await self._producer.send(topic, value, key=key)
+        except KafkaError as exc:
+            error = translate_kafka_error(exc, f"produce to {topic}")
+            if not error.retriable:
+                raise error from exc
+            delivery = asyncio.get_running_loop().create_future()
+            delivery.set_exception(exc)
+        return delivery
+
+    async def confirm(
+        self, delivery: asyncio.Future[Any], topic: str, value: bytes, key: bytes | None
+    ) -> None:
+        """Wait for an enqueued message; if it failed, send the same bytes again, retried."""
+        try:
+            await delivery
+        except KafkaError:
+            await self.send(topic, value, key)
+
+    async def enqueue_result(
+        self, document: Mapping[str, Any], key: bytes
+    ) -> tuple[asyncio.Future[Any], str, bytes, bytes]:
+        """``enqueue`` a result event; what ``confirm`` needs: (delivery, topic, value, key)."""
+        topic, value = self._settings.results_topic, encode_json(document)
+        return await self.enqueue(topic, value, key), topic, value, key
+
+    async def dead_letter(self, document: Mapping[str, Any], key: bytes | None) -> None:
+        await self.send(self._settings.dlq_topic, encode_json(document), key)
+
+
+async def commit(consumer: AIOKafkaConsumer, offsets: Mapping[Partition, int]) -> None:
+    """Commit offsets (next offset to read) for partitions.
+
+    Raises:
+        BrokerError: the commit failed (e.g. the partitions were rebalanced away).
+    """
+    try:
+        await consumer.commit(
+            {TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in offsets.items()}
+        )
+    except KafkaError as exc:
+        raise translate_kafka_error(exc, "commit") from exc
+
+
+async def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[bytes]:
+    """Every message of a topic, from the beginning to the end it has now (no group).
+
+    Raises:
+        BrokerError: the broker could not be read within ``timeout_s``.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        with anyio.fail_after(timeout_s):
+            await consumer.start()
+            await consumer.topics()  # loads the metadata partitions_for_topic reads
+            partitions = sorted(consumer.partitions_for_topic(topic) or {0})
+            parts = [TopicPartition(topic, p) for p in partitions]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            ends = await consumer.end_offsets(parts)
+            values: list[bytes] = []
+            for tp in parts:
+                while await consumer.position(tp) < ends[tp]:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    values.extend(r.value for records in batch.values() for r in records)
+            return values
+    except (KafkaError, TimeoutError) as exc:
+        raise BrokerError(f"reading {topic}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        await consumer.stop()

@@ -1,0 +1,117 @@
+"""The layout's rules (docs/architecture.md, "Module map"), checked on the source tree.
+
+A module's path names its stage, imports flow one way, and modules stay small:
+- ``gpu/`` never imports ``ingest/``;
+- a stage (``source``, ``fetch``, ``dicom``, ``device``, ``sink``, ``audit``) never
+  imports the wiring (``worker``, ``pipeline``, ``cli``, ``ops``) or the tools
+  built on the product (``bench``, ``embedded``);
+- nothing in the product imports ``bench`` or ``embedded``, except the command
+  line, which dispatches to them;
+- at most ten modules lie flat in ``ingest/``, and no module passes 400 lines;
+- ``tests/`` holds tests and the fixtures they import, nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("source", "fetch", "dicom", "device", "sink", "audit")
+WIRING = ("ingest.worker", "ingest.pipeline", "ingest.cli", "ingest.ops")
+TOOLS = ("ingest.bench", "ingest.embedded")
+MAX_LINES = 400
+MAX_FLAT = 10
+
+
+def modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def dotted(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code (lazy imports too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_gpu_never_imports_ingest() -> None:
+    bad = {
+        dotted(p): sorted(i for i in imports(p) if under(i, ("ingest",))) for p in modules("gpu")
+    }
+    assert {m: i for m, i in bad.items() if i} == {}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_stage_never_imports_the_wiring_or_the_tools(stage: str) -> None:
+    bad = {
+        dotted(p): sorted(i for i in imports(p) if under(i, WIRING + TOOLS))
+        for p in modules(f"ingest/{stage}")
+    }
+    assert {m: i for m, i in bad.items() if i} == {}
+
+
+def test_the_product_never_imports_the_bench_or_the_embedded_servers() -> None:
+    product = [p for p in modules("ingest") if not under(dotted(p), (*TOOLS, "ingest.cli"))]
+    bad = {dotted(p): sorted(i for i in imports(p) if under(i, TOOLS)) for p in product}
+    assert {m: i for m, i in bad.items() if i} == {}
+
+
+def test_few_flat_modules_and_none_too_long() -> None:
+    flat = [p.name for p in (ROOT / "ingest").glob("*.py") if p.name != "__init__.py"]
+    assert len(flat) <= MAX_FLAT, flat
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in modules("ingest") + modules("gpu")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def test_every_package_is_a_package() -> None:
+    missing = [
+        str(d.relative_to(ROOT))
+        for top in ("ingest", "gpu")
+        for d in [ROOT / top, *(ROOT / top).rglob("*")]
+        if d.is_dir()
+        and d.name != "__pycache__"
+        and any(d.glob("*.py"))
+        and not (d / "__init__.py").exists()
+    ]
+    assert missing == []
+
+
+def test_tests_hold_only_tests_and_their_fixtures() -> None:
+    """A module in tests/ that no test imports is a diagnostic: it belongs in ingest/bench/."""
+    helpers = {
+        p.stem
+        for p in (ROOT / "tests").glob("*.py")
+        if not p.name.startswith("test_") and p.name not in ("__init__.py", "conftest.py")
+    }
+
+    def tests_imported_by(path: Path) -> set[str]:
+        return {i.split(".")[1] for i in imports(path) if i.startswith("tests.")}
+
+    roots = [p for p in (ROOT / "tests").glob("*.py") if p.name.startswith(("test_", "conftest"))]
+    used = set().union(*(tests_imported_by(p) for p in roots))
+    while (
+        grown := set().union(*(tests_imported_by(ROOT / "tests" / f"{u}.py") for u in used)) - used
+    ):
+        used |= grown
+    assert helpers - used == set()
