@@ -38,9 +38,9 @@ class Settings:
     audit_key: bytes
     source_topic: str = "s3-events"
     group_id: str = "dicom-ingest"
-    results_topic: str = "dicom-ingest.sink.records"
+    results_topic: str = "dicom-ingest.results"
     dlq_topic: str = "dicom-ingest.dlq"
-    audit_topic: str = "dicom-ingest.audit.records"
+    audit_topic: str = "dicom-ingest.audit"
     s3_endpoint_url: str | None = None
     window: tuple[float, float] | None = None
     output_dtype: OutputDtype = "float32"

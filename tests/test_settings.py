@@ -22,9 +22,9 @@ def test_defaults_follow_the_contract() -> None:
     s = load_settings(BASE)
     assert s.source_topic == "s3-events"
     assert s.group_id == "dicom-ingest"
-    assert s.results_topic == "dicom-ingest.sink.records"
+    assert s.results_topic == "dicom-ingest.results"
     assert s.dlq_topic == "dicom-ingest.dlq"
-    assert s.audit_topic == "dicom-ingest.audit.records"
+    assert s.audit_topic == "dicom-ingest.audit"
     assert s.window is None
     assert s.output_dtype == "float32"
     assert s.device == "auto"

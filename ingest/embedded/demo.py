@@ -37,9 +37,9 @@ SOURCE = "dicom-source"
 OUTPUT = "dicom-output"
 TOPICS = (
     "s3-events",
-    "dicom-ingest.sink.records",
+    "dicom-ingest.results",
     "dicom-ingest.dlq",
-    "dicom-ingest.audit.records",
+    "dicom-ingest.audit",
 )
 
 

@@ -18,9 +18,9 @@ SOURCE_BUCKET = "dicom-source"
 OUTPUT_BUCKET = "dicom-output"
 TOPICS = (
     "s3-events",
-    "dicom-ingest.sink.records",
+    "dicom-ingest.results",
     "dicom-ingest.dlq",
-    "dicom-ingest.audit.records",
+    "dicom-ingest.audit",
 )
 
 
