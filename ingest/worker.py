@@ -43,6 +43,7 @@ from gpu.thread import DeviceThread
 from ingest.audit.publish import AuditPublisher
 from ingest.audit.records import AuditTrail
 from ingest.device.stage import DeviceStage
+from ingest.dicom.decoders import DecodePool
 from ingest.errors import IngestError, NotificationError, ProcessingError
 from ingest.fetch.ring import PinnedRing
 from ingest.fetch.s3 import S3Source
@@ -190,7 +191,9 @@ class Worker:
             if hook is not None:
                 await anyio.to_thread.run_sync(enable_device_arrays, thread)
             sink = OutputSink(source, s)
-            self._ctx = Context(s, source, sink, ring, stage, hook)
+            decoders = DecodePool(s.decode_processes)
+            stack.push_async_callback(decoders.aclose)
+            self._ctx = Context(s, source, sink, ring, stage, decoders, hook)
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
                 services.start_soon(self._commits.loop)

@@ -2,9 +2,11 @@
 
 Deliberately independent of ``ingest``: it reads the whole object with
 ``dcmread``, takes pydicom 3's ``pixel_array`` with its default options (which
-mask or sign-extend the unused high bits), applies the Modality LUT rescale
-(per frame from the functional groups where the object has them, otherwise
-pydicom's ``apply_modality_lut``), then the optional window, then the cast.
+mask or sign-extend the unused high bits, and turn YBR colour into RGB), maps
+PALETTE COLOR through ``apply_color_lut``, applies the Modality LUT (per frame
+from the functional groups where the object has them, otherwise pydicom's
+``apply_modality_lut``: rescale, or the Modality LUT Sequence), then the
+optional window, then the cast.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from pydicom import dcmread
 from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames
-from pydicom.pixels.processing import apply_modality_lut
+from pydicom.pixels.processing import apply_color_lut, apply_modality_lut
 from pydicom.uid import UID, ExplicitVRLittleEndian, ImplicitVRLittleEndian
 
 ENCAPSULATED_UNCOMPRESSED = UID("1.2.840.10008.1.2.1.98")
@@ -96,7 +98,9 @@ def reference_array(data: bytes, window: tuple[float, float] | None, out_dtype: 
         if ds.file_meta.TransferSyntaxUID == ENCAPSULATED_UNCOMPRESSED:
             as_native(ds)
         arr = ds.pixel_array
-    samples = int(ds.SamplesPerPixel)
+        samples = int(ds.SamplesPerPixel)
+        if ds.get("PhotometricInterpretation") == "PALETTE COLOR":
+            arr, samples = apply_color_lut(arr, ds), 3
     shape = (-1, int(ds.Rows), int(ds.Columns)) + ((samples,) if samples > 1 else ())
     arr = arr.reshape(shape)
 

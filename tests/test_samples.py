@@ -16,6 +16,7 @@ from pydicom.dataset import FileDataset
 from pydicom.encaps import generate_frames
 
 from ingest.dicom.fragments import ENCAPSULATED_UNCOMPRESSED
+from ingest.dicom.parse import DicomHeader, parse_header
 from ingest.embedded import samples
 from ingest.embedded.sample_parts import OffsetTable, write_encapsulated
 from ingest.embedded.samples_multiframe import synthetic_multiframe
@@ -32,12 +33,16 @@ def read(data: bytes) -> FileDataset:
 def test_pydicom_examples() -> None:
     examples = dict(samples.pydicom_examples())
     assert set(examples) == {*samples.EXAMPLES_SUPPORTED, *samples.EXAMPLES_DEAD_LETTERED}
-    for name in samples.EXAMPLES_SUPPORTED:
+    for name in samples.EXAMPLES_NATIVE:
         ds = read(examples[name])
         assert ds.file_meta.TransferSyntaxUID in ("1.2.840.10008.1.2", "1.2.840.10008.1.2.1")
         assert "PixelData" in ds
+    for name in samples.EXAMPLES_DECODED:
+        header = parse_header(examples[name], len(examples[name]))
+        assert isinstance(header, DicomHeader), name
+        assert header.codec is not None, name
     for name in samples.EXAMPLES_DEAD_LETTERED:
-        assert read(examples[name]).file_meta.TransferSyntaxUID.is_compressed
+        assert read(examples[name]).file_meta.TransferSyntaxUID.is_deflated
     assert [n for n, _ in samples.pydicom_examples(dead_lettered=False)] == list(
         samples.EXAMPLES_SUPPORTED
     )
@@ -184,7 +189,7 @@ def test_demo_objects(tmp_path: Path) -> None:
     assert slide.size > part_size  # the demo's ranged Encapsulated Uncompressed
     expect = {o.key: o.expect for o in objects}
     assert expect["pydicom/CT_small.dcm"] == "ok"
-    assert expect["pydicom/JPEG2000.dcm"] == UnsupportedDicom.reason
+    assert expect["pydicom/image_dfl.dcm"] == UnsupportedDicom.reason
     assert expect["misc/not-dicom.png"] == NotDicom.reason
     (big,) = [o for o in objects if o.key.startswith("multiframe/")]
     assert isinstance(big.data, Path)

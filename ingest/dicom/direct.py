@@ -35,7 +35,6 @@ from pydicom.charset import python_encoding
 
 from ingest.dicom.fragments import ENCAPSULATED_UNCOMPRESSED
 from ingest.dicom.header import (
-    IMPLICIT_VR_LE,
     PIXEL_TAG,
     SUPPORTED_TRANSFER_SYNTAXES,
     DicomHeader,
@@ -45,13 +44,15 @@ from ingest.dicom.header import (
     pixel_format,
 )
 from ingest.dicom.rescale import slope_intercept
+from ingest.dicom.syntaxes import IMPLICIT_VR_LE
 from ingest.dicom.walk import Unsure, Walker
 from ingest.errors import IngestError
 
 _TRANSFER_SYNTAX: Final = 0x00020010
 _LAST_BEFORE_PIXELS: Final = 0x7FDFFFFF  # a tag past this, before the Pixel Data: pydicom
-# Their presence changes what the Modality LUT is: dicom_rescale reads them with pydicom.
-_DECLINED: Final = frozenset({0x00283000, 0x52009229, 0x52009230})
+# Their presence changes what the Modality LUT is (rescale.py reads them with pydicom), or
+# makes the object a tiled slide whose total matrix the sidecar reports (header.slide_of).
+_DECLINED: Final = frozenset({0x00283000, 0x52009229, 0x52009230, 0x00480006, 0x00480007})
 _UID: Final = re.compile(rb"[0-9.]*")
 _CODE: Final = re.compile(rb"[A-Z0-9_ ]*")
 _INTEGER: Final = re.compile(rb" *[0-9]{1,9}")

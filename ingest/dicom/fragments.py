@@ -27,10 +27,10 @@ import struct
 from typing import Final
 
 from gpu.formats import PixelFormat
+from ingest.dicom.syntaxes import ENCAPSULATED_UNCOMPRESSED as ENCAPSULATED_UNCOMPRESSED
 from ingest.errors import LimitExceeded, MalformedDicom
 from ingest.fetch.planning import ByteRange, PixelChunk
 
-ENCAPSULATED_UNCOMPRESSED: Final = "1.2.840.10008.1.2.1.98"
 ITEM_HEADER: Final = 8  # a tag and a 32-bit length
 _ITEM: Final = struct.Struct("<HHI")
 _ITEM_TAG: Final = (0xFFFE, 0xE000)

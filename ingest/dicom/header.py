@@ -14,23 +14,22 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from gpu.formats import OutDtype, PixelFormat, Transform
+from ingest.dicom.codec import Codec
 from ingest.dicom.fragments import (
-    ENCAPSULATED_UNCOMPRESSED,
     ITEM_HEADER,
     check_offset_tables,
     fragment_length,
     fragment_pitch,
     read_item,
 )
+from ingest.dicom.slide import Slide, slide_of
+from ingest.dicom.syntaxes import NATIVE_LE
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
 
-IMPLICIT_VR_LE: Final = "1.2.840.10008.1.2"
-EXPLICIT_VR_LE: Final = "1.2.840.10008.1.2.1"
-SUPPORTED_TRANSFER_SYNTAXES: Final = frozenset(
-    {IMPLICIT_VR_LE, EXPLICIT_VR_LE, ENCAPSULATED_UNCOMPRESSED}
-)
+SUPPORTED_TRANSFER_SYNTAXES: Final = NATIVE_LE  # what the direct reader and the ring path take
 
 PIXEL_TAG: Final = b"\xe0\x7f\x10\x00"
+PIXEL_TAG_BE: Final = b"\x7f\xe0\x00\x10"
 FLOAT_TAGS: Final = {b"\xe0\x7f\x08\x00": "Float", b"\xe0\x7f\x09\x00": "Double Float"}
 UNDEFINED_LENGTH: Final = 0xFFFFFFFF
 _IMAGE_KEYWORDS: Final = "SamplesPerPixel Rows Columns BitsAllocated BitsStored PixelRepresentation"
@@ -68,6 +67,14 @@ class DicomHeader:
     # Encapsulated Uncompressed (ingest.dicom.fragments): frame k's samples start at
     # pixel_offset + k * frame_pitch, an item header before each; 0: native, contiguous
     frame_pitch: int = 0
+    # Pixel Data that is decoded before the device (compressed, big endian, palette,
+    # YBR, 1-bit, Modality LUT Sequence): ``pixel`` is then the decoded layout, and
+    # pixel_offset/pixel_length the stored element value (fragments and delimiter
+    # included when encapsulated)
+    codec: Codec | None = None
+    # the Extended Offset Table and its lengths, when an encapsulated object has them
+    offset_table: tuple[bytes, bytes] | None = None
+    slide: Slide | None = None  # a tiled whole-slide image's total matrix
 
     def transform(self, window: tuple[float, float] | None, out_dtype: OutDtype) -> Transform:
         """The preprocessing of this object's samples, with the worker's window and dtype."""
@@ -92,7 +99,9 @@ class ShortPrefix(Exception):
         self.need = need
 
 
-def pixel_element(data: bytes, pos: int, implicit: bool, complete: bool) -> tuple[int, int]:
+def pixel_element(
+    data: bytes, pos: int, implicit: bool, complete: bool, little: bool = True
+) -> tuple[int, int]:
     """(value offset, value length) of the Pixel Data element whose tag is at ``pos``."""
     size = 8 if implicit else 12
     if pos + size > len(data):
@@ -101,7 +110,8 @@ def pixel_element(data: bytes, pos: int, implicit: bool, complete: bool) -> tupl
         raise MalformedDicom("truncated: the object ends inside the Pixel Data element header")
     if not implicit and data[pos + 4 : pos + 6] not in (b"OB", b"OW"):
         raise MalformedDicom(f"Pixel Data has VR {data[pos + 4 : pos + 6]!r}, not OB or OW")
-    return pos + size, int(struct.unpack_from("<I", data, pos + size - 4)[0])
+    order = "<I" if little else ">I"
+    return pos + size, int(struct.unpack_from(order, data, pos + size - 4)[0])
 
 
 def missing(keyword: str, has_dicm: bool) -> Exception:
@@ -254,6 +264,71 @@ def _locate_fragments(
     return PixelPlace(first_item + ITEM_HEADER, pixel.total_bytes, pitch)
 
 
+def locate_stored(
+    data: bytes,
+    pos: int,
+    implicit: bool,
+    little: bool,
+    complete: bool,
+    stored_bytes: int,
+    encapsulated: bool,
+    object_size: int,
+) -> PixelPlace:
+    """The stored value of a Pixel Data element that is decoded before the device.
+
+    Native (big endian, palette, YBR, 1-bit, a Modality LUT Sequence): the value
+    must hold ``stored_bytes``; a larger object's frames are read in ranges
+    (``ingest/pipeline/decoded.py``). Encapsulated, whole object: the items are walked up
+    to the Sequence Delimiter, each checked against the object, and the place
+    spans them all. Encapsulated, a prefix: the place runs from the value's first
+    byte to the end of the object; the frames are split out of it as its ranges
+    arrive (``ingest/dicom/encapsulated.py``), which checks the items then.
+
+    Raises:
+        ShortPrefix: ``data`` ends inside the element header.
+        MalformedDicom: lengths that contradict the format or the object.
+    """
+    offset, length = pixel_element(data, pos, implicit, complete, little)
+    if encapsulated:
+        if length != UNDEFINED_LENGTH:
+            raise MalformedDicom("Pixel Data has a defined length in an encapsulated syntax")
+        if not complete:
+            return PixelPlace(offset, object_size - offset)
+        return PixelPlace(offset, _items_end(data, offset) - offset)
+    if length == UNDEFINED_LENGTH:
+        raise MalformedDicom("Pixel Data has undefined length in a native transfer syntax")
+    if length < stored_bytes:
+        raise MalformedDicom(f"Pixel Data holds {length} bytes but the header needs {stored_bytes}")
+    if offset + stored_bytes > object_size:
+        raise MalformedDicom(f"truncated: Pixel Data ends past the {object_size}-byte object")
+    if offset + length > object_size:
+        raise MalformedDicom(f"Pixel Data length runs past the {object_size}-byte object")
+    # the whole value: odd 8-bit big endian OW data needs its pad byte (pairs are swapped)
+    return PixelPlace(offset, length)
+
+
+_ITEM_TAG: Final = b"\xfe\xff\x00\xe0"
+_DELIMITER_TAG: Final = b"\xfe\xff\xdd\xe0"
+
+
+def _items_end(data: bytes, offset: int) -> int:
+    """The end of an encapsulated Pixel Data value in a whole object: past its Sequence
+    Delimiter."""
+    pos = offset
+    while True:
+        if pos + ITEM_HEADER > len(data):
+            raise MalformedDicom("truncated: the object ends inside the Pixel Data items")
+        tag = data[pos : pos + 4]
+        length = int(struct.unpack_from("<I", data, pos + 4)[0])
+        if tag == _DELIMITER_TAG:
+            return pos + ITEM_HEADER
+        if tag != _ITEM_TAG:
+            raise MalformedDicom(f"an element that is not an item inside Pixel Data at byte {pos}")
+        if length == UNDEFINED_LENGTH:
+            raise MalformedDicom(f"a Pixel Data item of undefined length at byte {pos}")
+        pos += ITEM_HEADER + length
+
+
 _TABLES: Final = ("Extended Offset Table", "Extended Offset Table Lengths")
 
 
@@ -270,6 +345,8 @@ def header_of(
     photometric: str,
     place: PixelPlace,
     rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] | None,
+    codec: Codec | None = None,
+    offset_table: tuple[bytes, bytes] | None = None,
 ) -> DicomHeader:
     """The header from checked parts; ``rescaled`` None: the per-frame values are pending."""
     slopes, intercepts, rescale = rescaled or ((), (), False)
@@ -288,4 +365,7 @@ def header_of(
         pixel_length=place.length,
         per_frame_pending=rescaled is None,
         frame_pitch=place.pitch,
+        codec=codec,
+        offset_table=offset_table,
+        slide=slide_of(values, pixel),
     )

@@ -32,23 +32,32 @@ from pydicom.dataset import Dataset
 from pydicom.filereader import dcmread, read_dataset
 from pydicom.uid import UID
 
+from ingest.dicom.codec import Codec, codec_from_dataset, decoded_format, needs_codec
 from ingest.dicom.direct import read_plain_header
-from ingest.dicom.fragments import ENCAPSULATED_UNCOMPRESSED
 from ingest.dicom.header import (
-    EXPLICIT_VR_LE,
     FLOAT_TAGS,
-    IMPLICIT_VR_LE,
     PIXEL_TAG,
-    SUPPORTED_TRANSFER_SYNTAXES,
+    PIXEL_TAG_BE,
     DicomHeader,
     NeedMoreBytes,
+    PixelPlace,
     ShortPrefix,
     header_of,
     locate_pixels,
+    locate_stored,
     missing,
     pixel_format,
 )
 from ingest.dicom.rescale import modality_rescale
+from ingest.dicom.syntaxes import (
+    DEFLATED_LE,
+    ENCAPSULATED_UNCOMPRESSED,
+    EXPLICIT_VR_BE,
+    EXPLICIT_VR_LE,
+    IMPLICIT_VR_LE,
+    READABLE,
+    is_compressed,
+)
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
 
 __all__ = ["DicomHeader", "NeedMoreBytes", "parse_header"]
@@ -187,6 +196,8 @@ def _parse(
         raise
     pos = src.tell()
     tag = data[pos : pos + 4]
+    if tag == PIXEL_TAG_BE and syntax == EXPLICIT_VR_BE:
+        tag = PIXEL_TAG
     if tag != PIXEL_TAG:
         if tag in FLOAT_TAGS:
             raise UnsupportedDicom(f"{FLOAT_TAGS[tag]} Pixel Data is not supported")
@@ -201,7 +212,17 @@ def _parse(
         raise UnsupportedDicom("no Pixel Data")
 
     step.now = "reading the image elements"
-    implicit = _implicit_vr(ds, has_dicm)
+    implicit, little = _encoding(ds, has_dicm)
+    chosen = syntax or (IMPLICIT_VR_LE if implicit else EXPLICIT_VR_LE)
+    if not little and chosen != EXPLICIT_VR_BE:
+        raise UnsupportedDicom("a big endian data set without the Explicit VR Big Endian syntax")
+    if needs_codec(
+        chosen,
+        str(ds.get("PhotometricInterpretation", "")).strip(),
+        _int_or_zero(ds.get("BitsAllocated")),
+        "ModalityLUTSequence" in ds,
+    ):
+        return _decoded(ds, data, pos, implicit, little, complete, chosen, object_size, step)
     pixel, photometric = pixel_format(ds, has_dicm)
     step.now = "locating the pixels"
     tables = (ds.get("ExtendedOffsetTable"), ds.get("ExtendedOffsetTableLengths"))
@@ -212,8 +233,62 @@ def _parse(
     step.now = "reading the Modality LUT"
     rescaled = modality_rescale(ds, pixel.frames, per_frame)
     step.now = "reading the UIDs"
-    chosen = syntax or (IMPLICIT_VR_LE if implicit else EXPLICIT_VR_LE)
     return header_of(ds, chosen, pixel, photometric, place, rescaled)
+
+
+def _decoded(
+    ds: Dataset,
+    data: bytes,
+    pos: int,
+    implicit: bool,
+    little: bool,
+    complete: bool,
+    syntax: str,
+    object_size: int,
+    step: _Step,
+) -> DicomHeader:
+    """The header of Pixel Data that pydicom's decoders turn into values first."""
+    step.now = "reading the pixel description"
+    vr = data[pos + 4 : pos + 6].decode("latin-1") if not implicit else ""
+    if implicit:  # the VR pydicom gives implicit Pixel Data
+        vr = "OW" if _int_or_zero(ds.get("BitsAllocated")) > 8 else "OB"
+    codec = codec_from_dataset(ds, syntax, vr)
+    pixel = decoded_format(codec)
+    step.now = "locating the pixels"
+    encapsulated = is_compressed(syntax)
+    place: PixelPlace = locate_stored(
+        data, pos, implicit, little, complete, _stored_bytes(codec), encapsulated, object_size
+    )
+    step.now = "reading the Modality LUT"
+    if codec.modality_lut is not None:  # applied by the decoder: its values are final
+        rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] = ((1.0,), (0.0,), False)
+    else:
+        found = modality_rescale(ds, pixel.frames, per_frame=True)
+        assert found is not None  # per_frame=True always reads them
+        rescaled = found
+    table = (ds.get("ExtendedOffsetTable"), ds.get("ExtendedOffsetTableLengths"))
+    offset_table = (
+        (bytes(table[0]), bytes(table[1]))
+        if encapsulated and isinstance(table[0], bytes) and isinstance(table[1], bytes)
+        else None
+    )
+    step.now = "reading the UIDs"
+    return header_of(
+        ds, syntax, pixel, codec.photometric_interpretation, place, rescaled, codec, offset_table
+    )
+
+
+def _stored_bytes(codec: Codec) -> int:
+    """Bytes of native stored Pixel Data: 1-bit packed, YBR_FULL_422 two samples a pixel."""
+    samples = codec.samples_per_pixel
+    if codec.photometric_interpretation == "YBR_FULL_422":
+        samples = 2
+    bits = codec.rows * codec.columns * samples * codec.number_of_frames * codec.bits_allocated
+    return -(-bits // 8)
+
+
+def _int_or_zero(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _starts_with_element(data: bytes, object_size: int) -> bool:
@@ -246,13 +321,15 @@ def _meta_transfer_syntax(data: bytes, has_dicm: bool, complete: bool) -> str | 
     if not isinstance(value, str):
         raise MalformedDicom("Transfer Syntax UID is not a single UID")
     syntax = str(value)
-    if syntax not in SUPPORTED_TRANSFER_SYNTAXES:
+    if syntax not in READABLE:
         # only a well-formed UID is echoed: these bytes could be anything
         shown = f"{syntax} ({UID(syntax).name})" if _UID_RE.fullmatch(syntax) else "(not a UID)"
-        raise UnsupportedDicom(
-            f"transfer syntax {shown} is not supported; only uncompressed little-endian "
-            "Pixel Data is processed (Implicit, Explicit or Encapsulated Uncompressed)"
+        why = (
+            "a deflated data set is inflated whole, which is not done in bounded memory yet"
+            if syntax == DEFLATED_LE
+            else "no decoder for it is installed"
         )
+        raise UnsupportedDicom(f"transfer syntax {shown} is not supported: {why}")
     return syntax
 
 
@@ -265,14 +342,13 @@ def _is_image(ds: Dataset) -> bool:
     return isinstance(sop, str) and "Image" in UID(sop).name
 
 
-def _implicit_vr(ds: Dataset, has_dicm: bool) -> bool:
-    """The encoding pydicom actually read the data set with (it may override the meta)."""
+def _encoding(ds: Dataset, has_dicm: bool) -> tuple[bool, bool]:
+    """(implicit VR, little endian) as pydicom actually read the data set (it may override
+    the meta)."""
     raw = ds.get_item(_ROWS_TAG)
     if raw is None:
         raise missing("Rows", has_dicm)
     encoding: tuple[bool | None, bool | None] = ds.original_encoding
     if isinstance(raw, RawDataElement):
         encoding = (raw.is_implicit_VR, raw.is_little_endian)
-    if not encoding[1]:
-        raise UnsupportedDicom("big endian data sets are not supported")
-    return bool(encoding[0])
+    return bool(encoding[0]), bool(encoding[1])

@@ -2,7 +2,9 @@
 
 Starts the embedded broker and S3 server, uploads a mixed set of sample
 objects (pydicom's own example files, a synthetic CT series, a large
-multi-frame object, one object that is not DICOM), publishes their
+multi-frame object, a CT slice in each compressed syntax we can write, JPEG
+baseline captures, a small JPEG-tiled whole-slide image, one object that is
+not DICOM), publishes their
 notifications in the AWS, MinIO and EventBridge formats plus one malformed
 record, runs the real worker until every object is accounted for, checks the
 dead-letter and audit topics, and prints a summary table.
@@ -27,7 +29,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ingest.audit.records import open_envelope, verify_chain
-from ingest.embedded.samples import Sample, demo_objects
+from ingest.embedded.samples import OK, Sample, demo_objects
+from ingest.embedded.samples_compressed import compressed_samples
 from ingest.embedded.stack import create_topics, embedded_stack
 from ingest.settings import load_settings
 from ingest.source.kafka import read_topic
@@ -161,6 +164,8 @@ async def run_demo(device: str, multiframe_mb: int, series: int) -> int:
                     multiframe_shape=(frames, 512, 512),
                 )
             )
+            compressed = await anyio.to_thread.run_sync(compressed_samples)
+            samples += [Sample(key, data, OK) for key, data in compressed]
             await upload(samples)
             expected = [Expectation(s.key, s.size, s.expect) for s in samples]
             await publish(stack.kafka.bootstrap, notifications(SOURCE, expected))

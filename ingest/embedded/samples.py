@@ -41,6 +41,8 @@ from ingest.errors import NotDicom, UnsupportedDicom
 
 __all__ = [
     "EXAMPLES_DEAD_LETTERED",
+    "EXAMPLES_DECODED",
+    "EXAMPLES_NATIVE",
     "EXAMPLES_SUPPORTED",
     "MAX_NATIVE_PIXEL_BYTES",
     "Sample",
@@ -56,7 +58,8 @@ __all__ = [
 OK: Final = "ok"
 
 # pydicom test files with native little-endian pixel data this version processes
-EXAMPLES_SUPPORTED: Final = (
+# pydicom test files the demo uploads whose samples go to the device as they are stored
+EXAMPLES_NATIVE: Final = (
     "CT_small.dcm",  # explicit VR, 16-bit signed, rescale slope/intercept
     "MR_small.dcm",  # explicit VR, 16-bit signed, no rescale
     "MR_small_implicit.dcm",  # the same, implicit VR
@@ -68,10 +71,22 @@ EXAMPLES_SUPPORTED: Final = (
     "SC_rgb_small_odd.dcm",  # 3x3 RGB: odd length, one pad byte
     "SC_rgb_jpeg_dcmd.dcm",  # despite its name: implicit VR, native RGB
 )
+# ... and those decoded first (ingest/dicom/codec.py)
+EXAMPLES_DECODED: Final = (
+    "JPEG2000.dcm",  # JPEG 2000, decoded in the decoding processes
+    "MR_small_RLE.dcm",  # RLE Lossless
+    "JPGExtended.dcm",  # JPEG Extended, 12-bit
+    "MR_small_jpeg_ls_lossless.dcm",  # JPEG-LS
+    "emri_small_jpeg_2k_lossless.dcm",  # JPEG 2000, 10 frames
+    "MR_small_bigendian.dcm",  # Explicit VR Big Endian
+    "examples_palette.dcm",  # PALETTE COLOR, to RGB
+    "SC_ybr_full_422_uncompressed.dcm",  # native YBR_FULL_422, to RGB
+    "liver_1frame.dcm",  # Bits Allocated 1
+)
+EXAMPLES_SUPPORTED: Final = EXAMPLES_NATIVE + EXAMPLES_DECODED
 # pydicom test files the demo uploads to be dead-lettered, with the expected reason
 EXAMPLES_DEAD_LETTERED: Final = {
-    "JPEG2000.dcm": UnsupportedDicom.reason,  # JPEG 2000 compressed
-    "MR_small_RLE.dcm": UnsupportedDicom.reason,  # RLE compressed
+    "image_dfl.dcm": UnsupportedDicom.reason,  # Deflated: not inflated in bounded memory yet
 }
 
 _CT_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.2"

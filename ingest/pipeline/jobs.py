@@ -7,14 +7,23 @@ the timings.
 
 from __future__ import annotations
 
+import dataclasses
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+import numpy.typing as npt
 
 from gpu.thread import ChunkJob, ChunkResult
 from ingest.device.stage import DeviceStage
+from ingest.dicom.decoders import DecodePool
 from ingest.dicom.fragments import ITEM_HEADER, check_items, chunk_fragments
 from ingest.dicom.parse import DicomHeader
-from ingest.fetch.digest import Digests
-from ingest.fetch.planning import PixelChunk, chunk_pixels
+from ingest.fetch.digest import Digests, SourceDigest
+from ingest.fetch.ordered_reads import InOrder, ordered_reads
+from ingest.fetch.planning import ByteRange, PixelChunk, chunk_pixels
 from ingest.fetch.ring import PinnedRing, Slot
 from ingest.fetch.s3 import ObjectHead, Presigned, S3Source
 from ingest.hooks import Hook, HookChunk
@@ -78,6 +87,7 @@ class Context:
     sink: OutputSink
     ring: PinnedRing
     device: DeviceStage
+    decoders: DecodePool
     hook: Hook | None = None
 
 
@@ -129,13 +139,33 @@ def chunk_job(
         MalformedDicom: an item header the chunk must hold is not there (``check_items``).
     """
     check_items(view, chunk)
-    pixels, first_element = chunk.samples(view), chunk.first_element
     slot.retain()
+    job = _job(ctx, ref, header, chunk.samples(view), chunk.first_element, chunk.elements)
+    return dataclasses.replace(job, on_consumed=slot.release_threadsafe, pitch=chunk.pitch)
+
+
+def decoded_job(
+    ctx: Context, ref: Target, header: DicomHeader, array: npt.NDArray[Any], first_element: int
+) -> ChunkJob:
+    """The device job for decoded frames (``array``, C-contiguous, in ``header.pixel``'s
+    layout) starting at sample ``first_element``."""
+    data = array.reshape(-1).view(np.uint8).data
+    return _job(ctx, ref, header, data, first_element, array.size)
+
+
+def _job(
+    ctx: Context,
+    ref: Target,
+    header: DicomHeader,
+    pixels: memoryview,
+    first_element: int,
+    elements: int,
+) -> ChunkJob:
+    """A chunk's device job, which hands its result to the user hook when there is one."""
     transform = header.transform(ctx.settings.window, ctx.settings.output_dtype)
     on_result = None
     if ctx.hook is not None:
         hook, shape, dtype = ctx.hook, header.pixel.shape, ctx.settings.output_dtype
-        elements = chunk.elements
 
         def on_result(result: ChunkResult) -> None:  # on the device thread
             array = result.device if result.device is not None else result.host
@@ -151,9 +181,34 @@ def chunk_job(
         fmt=header.pixel,
         transform=transform,
         first_element=first_element,
-        on_consumed=slot.release_threadsafe,
+        on_consumed=_nothing,
         keep_on_device=ctx.hook is not None,
         want_host=ctx.settings.sink != "none",
         on_result=on_result,
-        pitch=chunk.pitch,
     )
+
+
+def _nothing() -> None:
+    """A decoded chunk's memory is its array's: nothing to hand back when it is copied."""
+
+
+def object_reads(
+    ctx: Context, obj: Located, ranges: list[ByteRange], hasher: SourceDigest
+) -> AbstractAsyncContextManager[InOrder]:
+    """``ordered_reads`` of this object's ``ranges``, at most ``fetch_concurrency`` at once
+    across all objects (the source's GET threads), started up to twice that ahead (three
+    quarters of the ring at most).
+
+    A hash that takes ranges in any order (the tree hash) takes each one in a worker
+    thread right after its GET (off the GET threads), so the ranges in flight are
+    hashed on as many cores; the consumer gets the range once it is hashed.
+    """
+
+    async def read(byte_range: ByteRange, into: memoryview) -> None:
+        await ctx.source.read_into(obj.where, obj.head, byte_range, into)
+        if hasher.any_order:
+            data = into[: byte_range.length]
+            await anyio.to_thread.run_sync(hasher.update, byte_range.start, data)
+
+    ahead = max(1, min(2 * ctx.settings.fetch_concurrency, ctx.ring.stats().slots * 3 // 4))
+    return ordered_reads(ctx.ring, ranges, read, ahead)

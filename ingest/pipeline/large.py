@@ -14,16 +14,17 @@ import asyncio
 import functools
 import time
 from collections import deque
-from contextlib import AbstractAsyncContextManager
 
 import anyio
 
 from gpu.thread import ChunkResult
 from ingest.dicom.parse import DicomHeader, parse_header
+from ingest.dicom.syntaxes import is_compressed
 from ingest.errors import LimitExceeded, MalformedDicom
 from ingest.fetch.digest import SourceDigest
-from ingest.fetch.ordered_reads import InOrder, ordered_reads
+from ingest.fetch.ordered_reads import InOrder
 from ingest.fetch.planning import ByteRange, PixelChunk, split_range
+from ingest.pipeline.decoded import decode_streamed, decode_streamed_native
 from ingest.pipeline.jobs import (
     Context,
     Done,
@@ -31,6 +32,7 @@ from ingest.pipeline.jobs import (
     Target,
     chunk_job,
     device_plan,
+    object_reads,
     pixel_chunks,
     pixels_start,
 )
@@ -101,6 +103,14 @@ async def read_large(
     first range (2,048 frames take ~13 ms).
     """
     timings = Timings()
+    if layout.codec is not None:  # encapsulated frames, decoded as their ranges arrive
+        t = time.perf_counter()
+        async with ctx.sink.array(npy_key, layout.pixel.shape, ctx.settings.output_dtype) as out:
+            compressed = is_compressed(layout.transfer_syntax_uid)
+            stream = decode_streamed if compressed else decode_streamed_native
+            await stream(ctx, obj, layout, hasher, out.write)
+        timings.device_s = time.perf_counter() - t
+        return layout, hasher.digests(), ctx.device.backend, timings
     plan = device_plan(ctx.settings, ctx.device.backend)
     chunks = pixel_chunks(layout, plan.chunk_bytes)
     target = obj.target
@@ -108,7 +118,7 @@ async def read_large(
     t = time.perf_counter()
     async with (
         ctx.sink.array(npy_key, layout.pixel.shape, ctx.settings.output_dtype) as out,
-        _ordered_reads(ctx, obj, [c.range for c in chunks], hasher) as reads,
+        object_reads(ctx, obj, [c.range for c in chunks], hasher) as reads,
     ):
         header = layout
         if prefix is not None:  # counted in device_s: the first ranges arrive meanwhile
@@ -117,7 +127,7 @@ async def read_large(
             )
         await _pipelined_chunks(ctx, target, header, hasher, out, chunks, reads)
     if hasher.enabled:  # the bytes after the Pixel Data matter only to the hash
-        async with _ordered_reads(ctx, obj, trailer, hasher) as reads:
+        async with object_reads(ctx, obj, trailer, hasher) as reads:
             index = 0
             async for slot, view in reads:
                 try:
@@ -171,25 +181,3 @@ async def _pipelined_chunks(
     finally:
         for future in in_flight:  # an error or a cancellation: nobody takes these results
             future.cancel()
-
-
-def _ordered_reads(
-    ctx: Context, obj: Located, ranges: list[ByteRange], hasher: SourceDigest
-) -> AbstractAsyncContextManager[InOrder]:
-    """``ordered_reads`` of this object's ``ranges``, at most ``fetch_concurrency`` at once
-    across all objects (the source's GET threads), started up to twice that ahead (three
-    quarters of the ring at most).
-
-    A hash that takes ranges in any order (the tree hash) takes each one in a worker
-    thread right after its GET (off the GET threads), so the ranges in flight are
-    hashed on as many cores; the consumer gets the range once it is hashed.
-    """
-
-    async def read(byte_range: ByteRange, into: memoryview) -> None:
-        await ctx.source.read_into(obj.where, obj.head, byte_range, into)
-        if hasher.any_order:
-            data = into[: byte_range.length]
-            await anyio.to_thread.run_sync(hasher.update, byte_range.start, data)
-
-    ahead = max(1, min(2 * ctx.settings.fetch_concurrency, ctx.ring.stats().slots * 3 // 4))
-    return ordered_reads(ctx.ring, ranges, read, ahead)

@@ -28,6 +28,7 @@ from ingest.errors import MalformedDicom, NotDicom, ObjectChanged
 from ingest.fetch.digest import Digests, SourceDigest
 from ingest.fetch.planning import first_read
 from ingest.fetch.ring import Slot
+from ingest.pipeline.decoded import decode_whole
 from ingest.pipeline.jobs import Context, Done, Located, chunk_job, pixel_chunks
 from ingest.pipeline.large import read_header, read_large
 from ingest.settings import Settings
@@ -114,6 +115,13 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _
     timings = Timings(parse_s=parsed.seconds)
     header, digests = parsed.header, parsed.digests
     data = slot.view[: obj.head.size]
+    if header.codec is not None:
+        value = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
+        t = time.perf_counter()
+        async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
+            await decode_whole(ctx, obj.target, header, value, out.write)
+        timings.device_s = time.perf_counter() - t
+        return header, digests, ctx.device.backend, timings
     # one chunk: a "part" larger than the object holds all its frames and item headers
     chunk = pixel_chunks(header, obj.head.size + 2 * ITEM_HEADER)[0]
     view = data[chunk.range.start : chunk.range.end]

@@ -10,12 +10,14 @@ message.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from ingest.audit.records import AuditEvent
+from ingest.dicom.codec import conversions
 from ingest.dicom.header import DicomHeader
 from ingest.errors import IngestError
 from ingest.fetch.digest import Digests
@@ -75,6 +77,9 @@ def sidecar(
         "modality": h.modality,
         "transfer_syntax_uid": h.transfer_syntax_uid,
         "photometric_interpretation": h.photometric_interpretation,
+        # what turned the stored samples into pixel_array's values (empty: none needed)
+        "conversions": list(conversions(h.codec)) if h.codec is not None else [],
+        "slide": dataclasses.asdict(h.slide) if h.slide is not None else None,
         "shape": list(h.pixel.shape),
         "dtype": dtype,
         "window": list(window) if window else None,

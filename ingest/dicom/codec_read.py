@@ -1,0 +1,244 @@
+"""What a dataset says about decoding its Pixel Data: the value ``codec`` decodes with.
+
+``codec_from_dataset`` reads the Image Pixel module, the palette and the
+Modality LUT Sequence once, checks them as pydicom 3's decoder would (a
+value pydicom refuses is refused here, before any frame is read) and
+returns a :class:`Codec`: small, frozen and picklable, so frames can be
+decoded in other processes. ``needs_codec`` says which objects the native
+path takes without it; ``conversions`` names, for the sidecar, what decoding
+does to the stored samples. Errors name elements and numbers, never values.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pydicom.dataset import Dataset
+from pydicom.pixels.decoders.base import get_decoder
+from pydicom.uid import UID
+
+from ingest.dicom.codec_luts import Lut, read_modality_lut, read_palette
+from ingest.errors import MalformedDicom, UnsupportedDicom
+
+BIG_ENDIAN: Final = "1.2.840.10008.1.2.2"
+ENCAPSULATED_UNCOMPRESSED: Final = "1.2.840.10008.1.2.1.98"
+DEFLATED: Final = "1.2.840.10008.1.2.1.99"
+NATIVE: Final = {
+    "1.2.840.10008.1.2": "",
+    "1.2.840.10008.1.2.1": "",
+    DEFLATED: "",  # the caller passes the inflated Pixel Data
+    BIG_ENDIAN: "",
+}
+_PLAIN: Final = frozenset({"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", ENCAPSULATED_UNCOMPRESSED})
+# encapsulated syntaxes pydicom decodes: the name in ``conversions``
+COMPRESSED: Final = {
+    "1.2.840.10008.1.2.5": "rle",
+    "1.2.840.10008.1.2.4.50": "jpeg-baseline",
+    "1.2.840.10008.1.2.4.51": "jpeg-extended",
+    "1.2.840.10008.1.2.4.57": "jpeg-lossless",
+    "1.2.840.10008.1.2.4.70": "jpeg-lossless-sv1",
+    "1.2.840.10008.1.2.4.80": "jpeg-ls",
+    "1.2.840.10008.1.2.4.81": "jpeg-ls-near-lossless",
+    "1.2.840.10008.1.2.4.90": "jpeg2000-lossless",
+    "1.2.840.10008.1.2.4.91": "jpeg2000",
+    "1.2.840.10008.1.2.4.201": "htj2k-lossless",
+    "1.2.840.10008.1.2.4.202": "htj2k-rpcl-lossless",
+    "1.2.840.10008.1.2.4.203": "htj2k",
+}
+J2K: Final = frozenset(uid for uid, name in COMPRESSED.items() if "j2k" in name or "2000" in name)
+JPEG: Final = frozenset(uid for uid, name in COMPRESSED.items() if name.startswith("jpeg-"))
+_MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
+_SPP_OF: Final = {
+    **{"MONOCHROME1": 1, "MONOCHROME2": 1, "PALETTE COLOR": 1, "RGB": 3},
+    **{"YBR_FULL": 3, "YBR_FULL_422": 3, "YBR_ICT": 3, "YBR_RCT": 3},
+}
+_UNCONVERTED: Final = frozenset(
+    {"YBR_PARTIAL_422", "YBR_PARTIAL_420", "HSV", "ARGB", "CMYK", "XYB"}
+)  # pydicom returns these as stored: not an image we can label
+_UID_RE: Final = re.compile(r"[0-9.]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """How one object's stored frames become pydicom 3's pixel_array values, then its LUT."""
+
+    transfer_syntax_uid: str
+    rows: int
+    columns: int
+    samples_per_pixel: int
+    bits_allocated: int  # 1, 8, 16 or 32
+    bits_stored: int
+    pixel_representation: int
+    photometric_interpretation: str
+    planar_configuration: int  # 0 when samples_per_pixel is 1
+    number_of_frames: int
+    pixel_vr: str  # "OB" / "OW": big-endian 8-bit OW swaps byte pairs
+    palette: tuple[Lut, Lut, Lut] | None  # PALETTE COLOR -> RGB, as apply_color_lut
+    modality_lut: Lut | None  # Modality LUT Sequence, as apply_modality_lut
+
+    @property
+    def syntax_name(self) -> str:
+        """The transfer syntax for messages: its name and UID."""
+        return syntax_name(self.transfer_syntax_uid)
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """Shape of one output frame: (rows, columns) or (rows, columns, 3)."""
+        samples = 3 if self.palette is not None else self.samples_per_pixel
+        return (self.rows, self.columns) if samples == 1 else (self.rows, self.columns, samples)
+
+
+def needs_codec(
+    transfer_syntax_uid: str, photometric: str, bits_allocated: int, has_modality_lut_sequence: bool
+) -> bool:
+    """False only for what the native path handles already.
+
+    That is Implicit/Explicit VR Little Endian and Encapsulated Uncompressed,
+    MONOCHROME1/MONOCHROME2/RGB, Bits Allocated 8/16/32, no Modality LUT Sequence.
+    """
+    return not (
+        transfer_syntax_uid in _PLAIN
+        and photometric in ("MONOCHROME1", "MONOCHROME2", "RGB")
+        and bits_allocated in (8, 16, 32)
+        and not has_modality_lut_sequence
+    )
+
+
+def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = "") -> Codec:
+    """The codec of a dataset whose Pixel Data is encoded as ``transfer_syntax_uid``.
+
+    ``pixel_vr``: the Pixel Data element's VR when ``ds`` was read without it
+    (``stop_before_pixels``); otherwise the element's own.
+
+    Reads the Image Pixel module, the palette and the Modality LUT Sequence.
+    pydicom may warn and log while it converts a value read here for the
+    first time: call this where ``parse`` drives pydicom (its lock and filters).
+
+    Raises:
+        MalformedDicom: elements missing or out of range (what pydicom would refuse).
+        UnsupportedDicom: no decoder for the syntax, Float Pixel Data, a photometric
+            interpretation pydicom leaves unconverted, an RGBA or supplemental palette.
+    """
+    uid = transfer_syntax_uid
+    if not uid:
+        raise UnsupportedDicom("no Transfer Syntax UID: the Pixel Data's encoding is unknown")
+    if uid not in NATIVE and uid not in COMPRESSED and uid != ENCAPSULATED_UNCOMPRESSED:
+        raise UnsupportedDicom(f"transfer syntax {syntax_name(uid)} has no decoder")
+    if uid in COMPRESSED and not get_decoder(uid).is_available:
+        raise UnsupportedDicom(f"{syntax_name(uid)}: no decoding plugin is installed")
+    if "FloatPixelData" in ds or "DoubleFloatPixelData" in ds:
+        raise UnsupportedDicom("Float and Double Float Pixel Data are not supported")
+    if "PixelData" not in ds and not pixel_vr:
+        raise MalformedDicom("no Pixel Data element")
+
+    photometric = _text(ds, "PhotometricInterpretation", "Photometric Interpretation")
+    spp = _int(ds, "SamplesPerPixel", "Samples per Pixel")
+    rows, columns = _int(ds, "Rows", "Rows"), _int(ds, "Columns", "Columns")
+    allocated = _int(ds, "BitsAllocated", "Bits Allocated")
+    stored = _int(ds, "BitsStored", "Bits Stored")
+    representation = _int(ds, "PixelRepresentation", "Pixel Representation")
+    frames = _frames(ds.get("NumberOfFrames"))
+    if photometric in _UNCONVERTED or photometric not in _SPP_OF:
+        shown = repr(photometric) if photometric in _UNCONVERTED else "(unknown value)"
+        raise UnsupportedDicom(f"photometric interpretation {shown} is not supported")
+    if photometric in ("YBR_ICT", "YBR_RCT") and uid not in J2K:
+        raise UnsupportedDicom(f"{photometric} outside JPEG 2000 ({syntax_name(uid)})")
+    if spp != _SPP_OF[photometric]:
+        raise MalformedDicom(f"{photometric} with {spp} samples per pixel")
+    if allocated == 64:
+        raise UnsupportedDicom("Bits Allocated 64 is not supported")
+    if allocated not in (1, 8, 16, 32):
+        raise MalformedDicom(f"Bits Allocated {allocated} is not 1, 8, 16 or 32")
+    if not 1 <= stored <= allocated:
+        raise MalformedDicom(f"Bits Stored {stored} is not within 1..{allocated}")
+    if representation not in (0, 1):
+        raise MalformedDicom(f"Pixel Representation {representation} is not 0 or 1")
+    if not (1 <= rows <= 65535 and 1 <= columns <= 65535):
+        raise MalformedDicom(f"an image of {rows} x {columns} pixels")
+    planar = _int(ds, "PlanarConfiguration", "Planar Configuration") if spp == 3 else 0
+    if planar not in (0, 1):
+        raise MalformedDicom(f"Planar Configuration {planar} is not 0 or 1")
+
+    little = uid != BIG_ENDIAN
+    palette = read_palette(ds, little) if photometric == "PALETTE COLOR" else None
+    lut = read_modality_lut(ds, little)
+    if lut is not None and photometric not in _MONOCHROME:
+        raise UnsupportedDicom(
+            f"a Modality LUT Sequence with photometric interpretation {photometric}"
+        )
+    vr = str(ds["PixelData"].VR) if "PixelData" in ds else pixel_vr
+    return Codec(
+        uid, rows, columns, spp, allocated, stored, representation, photometric, planar,
+        frames, "OW" if vr == "OW" else "OB", palette, lut,
+    )  # fmt: skip
+
+
+def conversions(codec: Codec) -> tuple[str, ...]:
+    """Names of what turns the stored samples into ``decode_*``'s output, in order, for the sidecar.
+
+    ``inflate`` (Deflated) is the caller's, before ``decode_native``. A JPEG
+    whose codestream contradicts Photometric Interpretation (a JFIF marker, RGB
+    component IDs) is converted as pydicom converts it, which only the
+    codestream shows: that is not listed.
+    """
+    uid, photometric = codec.transfer_syntax_uid, codec.photometric_interpretation
+    done: list[str] = []
+    if uid in COMPRESSED:
+        done.append(f"decode:{COMPRESSED[uid]}")
+    if uid == DEFLATED:
+        done.append("inflate")  # by the caller, before decode_native
+    if uid == BIG_ENDIAN and (codec.bits_allocated > 8 or codec.pixel_vr == "OW"):
+        done.append("big_endian->little")
+    if codec.bits_allocated == 1:
+        done.append("bits_allocated_1->uint8")
+    if codec.planar_configuration == 1:
+        done.append("planar->interleaved")
+    if photometric in ("YBR_FULL", "YBR_FULL_422", "YBR_ICT", "YBR_RCT"):
+        done.append(f"{photometric.lower()}->rgb")
+    if codec.palette is not None:
+        done.append("palette->rgb")
+    if codec.modality_lut is not None:
+        done.append("modality_lut_sequence")
+    return tuple(done)
+
+
+def syntax_name(uid: str) -> str:
+    """A transfer syntax for messages: its name and UID, or that it is not a UID."""
+    if not _UID_RE.fullmatch(uid):
+        return "(a Transfer Syntax UID that is not a UID)"
+    name = UID(uid).name
+    return f"{name} ({uid})" if name != uid else uid
+
+
+def _text(ds: Dataset, keyword: str, name: str) -> str:
+    value = ds.get(keyword)
+    if value is None or value == "":
+        raise MalformedDicom(f"missing {name}")
+    if not isinstance(value, str):
+        raise MalformedDicom(f"{name} is not a single value")
+    return value.strip()
+
+
+def _int(ds: Dataset, keyword: str, name: str) -> int:
+    value = ds.get(keyword)
+    if value is None or value == "":
+        raise MalformedDicom(f"missing {name}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedDicom(f"{name} is not a single integer")
+    return int(value)
+
+
+def _frames(value: Any) -> int:
+    """Number of Frames as pydicom reads it: absent, empty or 0 is one frame."""
+    if isinstance(value, str) and value.strip():
+        try:
+            value = int(value)
+        except ValueError:
+            raise MalformedDicom("Number of Frames is not an integer") from None
+    if value is None or value == "" or value == 0:
+        return 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise MalformedDicom("Number of Frames is not a positive integer")
+    return int(value)

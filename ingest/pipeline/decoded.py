@@ -1,0 +1,314 @@
+"""An object whose Pixel Data is decoded before the device: compressed, big endian,
+palette or YBR colour, 1-bit, or with a Modality LUT Sequence.
+
+An object that fit its first GET (``decode_whole``): its frames are cut out of
+the slot (``generate_frames`` follows the Basic or Extended Offset Table, or
+the fragments when there is none). A larger encapsulated one
+(``decode_streamed``): its Pixel Data is read in ranges, in order, and each
+range's complete frames are split out of its slot as it arrives
+(``FrameSplitter``), so a slide of any size is held a few parts at a time.
+Either way frames are decoded in groups by the decoding processes, several
+groups at once; each decoded group goes to the device stage as one chunk
+(rescale, window, cast) and its result to the output writer, in frame order,
+while later groups are still being read or decoded.
+
+Memory: the ring's slots, one frame being split, and at most one more decoded
+group than there are decoding processes, each of at most
+``DECODED_CHUNK_BYTES`` (one frame when a frame is larger).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Awaitable, Callable
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+from anyio.abc import TaskGroup
+from pydicom.encaps import generate_frames
+
+from ingest.dicom.encapsulated import FrameSplitter, value_ranges
+from ingest.dicom.header import DicomHeader
+from ingest.dicom.syntaxes import EXPLICIT_VR_BE, is_compressed
+from ingest.errors import IngestError, LimitExceeded, MalformedDicom
+from ingest.fetch.digest import SourceDigest
+from ingest.fetch.planning import split_range
+from ingest.pipeline.jobs import Context, Located, Target, decoded_job, object_reads
+
+DECODED_CHUNK_BYTES = 16 * 1024 * 1024  # one device chunk of decoded values
+# Frames decode whole: one larger than these bounds is refused rather than held.
+MAX_DECODED_FRAME_BYTES = 256 * 1024 * 1024
+MAX_FRAME_GROWTH = 4  # a compressed frame may span this many parts
+
+
+def frame_groups(header: DicomHeader) -> list[range]:
+    """Consecutive frames, grouped so each group decodes to at most ``DECODED_CHUNK_BYTES``."""
+    per = max(1, DECODED_CHUNK_BYTES // header.pixel.frame_bytes)
+    frames = header.pixel.frames
+    return [range(first, min(first + per, frames)) for first in range(0, frames, per)]
+
+
+def compressed_frames(header: DicomHeader, value: memoryview) -> list[bytes]:
+    """Each frame's codestream (its fragments joined) from the Pixel Data value.
+
+    Raises:
+        MalformedDicom: the offset tables or fragments disagree with the frame count.
+    """
+    frames = header.pixel.frames
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pydicom warns, then guesses: we check the count
+            found = list(
+                generate_frames(
+                    bytes(value), number_of_frames=frames, extended_offsets=header.offset_table
+                )
+            )
+    except Exception as exc:
+        raise MalformedDicom(
+            f"the fragments of {header.transfer_syntax_uid} Pixel Data cannot be split into"
+            f" {frames} frames ({type(exc).__name__})"
+        ) from exc
+    if len(found) != frames:
+        raise MalformedDicom(
+            f"{len(found)} frames in the fragments of {header.transfer_syntax_uid} Pixel Data,"
+            f" but Number of Frames is {frames}"
+        )
+    return found
+
+
+Decode = Callable[[], Awaitable[npt.NDArray[np.generic]]]  # starts one group's decode
+Write = Callable[[npt.NDArray[np.generic] | None], Awaitable[None]]
+
+
+Emit = Callable[[range, Decode], Awaitable[None]]  # hands a group's decode on, in order
+
+
+async def decode_whole(
+    ctx: Context, target: Target, header: DicomHeader, value: memoryview, write: Write
+) -> None:
+    """Decode, preprocess and write every frame of an object whose whole stored Pixel
+    Data value is ``value``; ``write`` takes each chunk's host result in frame order.
+
+    Raises:
+        IngestError: a frame that cannot be decoded, fragments that disagree with the
+            header, a device or sink failure.
+    """
+    codec = header.codec
+    assert codec is not None
+    if is_compressed(codec.transfer_syntax_uid):
+        frames = compressed_frames(header, value)
+
+        def decode(group: range) -> Decode:
+            part = frames[group.start : group.stop]
+            return lambda: ctx.decoders.encapsulated(codec, part)
+
+    else:
+        stored = bytes(value)
+
+        def decode(group: range) -> Decode:
+            return lambda: ctx.decoders.native(codec, stored, group.start, len(group))
+
+    async def produce(emit: Emit) -> None:
+        for group in frame_groups(header):
+            await emit(group, decode(group))
+
+    await decode_in_order(ctx, target, header, produce, write)
+
+
+async def decode_streamed(
+    ctx: Context, obj: Located, header: DicomHeader, hasher: SourceDigest, write: Write
+) -> None:
+    """Decode, preprocess and write the frames of a large encapsulated object as its
+    ranges arrive: the value is read in order from its first byte to the object's end
+    (the hash takes every range), each range's complete frames are split out of its
+    slot (``FrameSplitter``) and the slot released, and frames are decoded in groups.
+
+    Raises:
+        IngestError: a read, fragments that disagree with the header, a frame too
+            large, a decode, the device or ``write``.
+    """
+    codec = header.codec
+    assert codec is not None
+    _check_frame_size(header)
+    part_size = ctx.settings.part_size
+    ranges = value_ranges(header.pixel_offset, None, obj.head.size, part_size)
+    # a compressed frame rarely exceeds its decoded size; a part or two is the usual
+    bound = max(MAX_FRAME_GROWTH * part_size, 2 * header.pixel.frame_bytes)
+    splitter = FrameSplitter(header.pixel.frames, header.offset_table, max_frame_bytes=bound)
+    per = max(1, DECODED_CHUNK_BYTES // header.pixel.frame_bytes)
+
+    async def produce(emit: Emit) -> None:
+        pending: list[bytes] = []
+        first = 0
+
+        async def flush(at_least: int) -> None:
+            nonlocal pending, first
+            while pending and len(pending) >= at_least:
+                part, pending = pending[:per], pending[per:]
+                group = range(first, first + len(part))
+                first = group.stop
+                await emit(group, functools.partial(ctx.decoders.encapsulated, codec, part))
+
+        async with object_reads(ctx, obj, ranges, hasher) as reads:
+            index = 0
+            async for slot, view in reads:
+                try:
+                    if hasher.in_order:
+                        await anyio.to_thread.run_sync(hasher.update, ranges[index].start, view)
+                    if not splitter.done:
+                        pending.extend(splitter.feed(view))
+                finally:
+                    slot.release()
+                index += 1
+                await flush(per)
+        pending.extend(splitter.finish())
+        await flush(1)
+
+    await decode_in_order(ctx, obj.target, header, produce, write)
+
+
+async def decode_streamed_native(
+    ctx: Context, obj: Located, header: DicomHeader, hasher: SourceDigest, write: Write
+) -> None:
+    """Decode, preprocess and write the frames of a large native object that needs its
+    values converted (big endian, palette, YBR, 1-bit, a Modality LUT Sequence): the
+    object is read in ranges from its Pixel Data on, in order (the rest for the hash),
+    and its frames are cut out in groups as the bytes arrive.
+
+    Raises:
+        LimitExceeded: frames that do not start on a byte (1-bit frames of a size not a
+            multiple of 8, odd 8-bit big endian OW frames).
+        IngestError: a read, a decode, the device or ``write``.
+    """
+    codec = header.codec
+    assert codec is not None
+    bits = codec.rows * codec.columns * codec.samples_per_pixel * codec.bits_allocated
+    if codec.photometric_interpretation == "YBR_FULL_422":
+        bits = bits * 2 // 3
+    swapped = codec.transfer_syntax_uid == EXPLICIT_VR_BE and codec.pixel_vr == "OW"
+    if bits % 8 or (swapped and codec.bits_allocated == 8 and bits % 16):
+        raise LimitExceeded(
+            "frames that do not start on a byte (or a word, 8-bit big endian OW) are decoded"
+            " only from objects that fit one part (DICOM_INGEST_PART_SIZE)"
+        )
+    _check_frame_size(header)
+    frame_len, part_size = bits // 8, ctx.settings.part_size
+    frames, start = header.pixel.frames, header.pixel_offset
+    per = max(1, DECODED_CHUNK_BYTES // header.pixel.frame_bytes)
+    end = start + frames * frame_len
+    ranges = split_range(start, end, part_size) + split_range(end, obj.head.size, part_size)
+
+    async def produce(emit: Emit) -> None:
+        buffer = bytearray()  # frames read but not yet grouped: at most a group and a part
+        first = 0
+        async with object_reads(ctx, obj, ranges, hasher) as reads:
+            index = 0
+            async for slot, view in reads:
+                try:
+                    if hasher.in_order:
+                        await anyio.to_thread.run_sync(hasher.update, ranges[index].start, view)
+                    if ranges[index].start < end:
+                        buffer += view
+                finally:
+                    slot.release()
+                index += 1
+                while first < frames and len(buffer) >= min(per, frames - first) * frame_len:
+                    count = min(per, frames - first)
+                    data = bytes(buffer[: count * frame_len])
+                    del buffer[: count * frame_len]
+                    decode = functools.partial(ctx.decoders.native, codec, data, 0, count)
+                    await emit(range(first, first + count), decode)
+                    first += count
+
+    await decode_in_order(ctx, obj.target, header, produce, write)
+
+
+async def decode_in_order(
+    ctx: Context,
+    target: Target,
+    header: DicomHeader,
+    produce: Callable[[Emit], Awaitable[None]],
+    write: Write,
+) -> None:
+    """Start each group's decode as ``produce`` emits it, one more at a time than there
+    are decoding processes; take the results in frame order through the device to
+    ``write``.
+
+    Raises:
+        IngestError: from ``produce``, a decode, the device or ``write``.
+    """
+    limiter = anyio.Semaphore(ctx.decoders.processes + 1)
+    send, receive = anyio.create_memory_object_stream[tuple[range, _Pending]](math.inf)
+
+    async def run_producer(tg: TaskGroup) -> None:
+        async def emit(group: range, decode: Decode) -> None:
+            await limiter.acquire()
+            pending = _Pending()
+            tg.start_soon(pending.run, decode)
+            await send.send((group, pending))
+
+        async with send:
+            await produce(emit)
+
+    failure: Exception | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_producer, tg)
+            try:
+                async with receive:
+                    async for group, pending in receive:
+                        array = await pending.result()
+                        limiter.release()
+                        first = group.start * header.pixel.frame_elements
+                        job = decoded_job(ctx, target, header, np.ascontiguousarray(array), first)
+                        await write((await ctx.device.process(job)).host)
+            except Exception as exc:  # this task's error leaves as it is, not grouped
+                failure = exc
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as grouped:  # the reads' or the splitter's, alone
+        only = grouped.exceptions[0] if len(grouped.exceptions) == 1 else None
+        if isinstance(only, Exception):
+            raise only from None
+        raise
+    if failure is not None:
+        raise failure
+
+
+def _check_frame_size(header: DicomHeader) -> None:
+    """Frames decode whole: one larger than ``MAX_DECODED_FRAME_BYTES`` is refused.
+
+    Raises:
+        LimitExceeded: it is larger.
+    """
+    if header.pixel.frame_bytes > MAX_DECODED_FRAME_BYTES:
+        raise LimitExceeded(
+            f"a decoded frame of {header.pixel.frame_bytes} bytes exceeds"
+            f" {MAX_DECODED_FRAME_BYTES} (frames decode whole)"
+        )
+
+
+class _Pending:
+    """One group's decode, started in the task group, its result taken in order."""
+
+    def __init__(self) -> None:
+        self._done = anyio.Event()
+        self._value: npt.NDArray[np.generic] | IngestError | None = None
+
+    async def run(self, decode: Decode) -> None:
+        try:
+            self._value = await decode()
+        except IngestError as exc:
+            self._value = exc
+        finally:
+            self._done.set()
+
+    async def result(self) -> npt.NDArray[np.generic]:
+        await self._done.wait()
+        value = self._value
+        if isinstance(value, IngestError):
+            raise value
+        assert value is not None
+        return value
