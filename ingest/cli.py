@@ -100,14 +100,30 @@ def _bench_parser(commands: Any) -> None:
     add("--out", type=Path, default=Path("bench-results"), help="output folder")
     add("--endpoint", help="S3 endpoint URL (default: the embedded stack; AWS_* credentials)")
     add("--bootstrap", help="Kafka bootstrap servers (needed with --endpoint)")
-    add("--workloads", type=_csv_names, default=("ct", "large", "mix"), help="ct,large,mix")
+    add(
+        "--workloads", type=_csv_names, default=("ct", "large", "mix"),
+        help="ct,large,mix (default) and the decode workloads slide,ct-j2k,ct-htj2k,ct-rle",
+    )  # fmt: skip
     add(
         "--readers",
         type=_csv_names,
-        default=("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours", "ours-hook"),
-        help="curl,threads,kvikio-raw,naive,kvikio,ours,ours-hook",
+        default=(
+            "curl",
+            "threads",
+            "kvikio-raw",
+            "naive",
+            "kvikio",
+            "pydicom-loop",
+            "cpu-pool",
+            "ours",
+            "ours-hook",
+        ),
+        help="curl,threads,kvikio-raw,naive,kvikio (ct, large, mix), pydicom-loop,cpu-pool "
+        "(decode workloads), ours,ours-hook (all)",
     )
-    add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each)")
+    add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each), also "
+        "of the ct-j2k, ct-htj2k and ct-rle series")  # fmt: skip
+    add("--slide-mb", type=int, default=200, help="MiB of 256x256 JPEG tiles in the slide")
     add("--large-mb", type=int, default=1024, help="MiB of pixels in the large object")
     add(
         "--large-syntax", choices=("native", "encapsulated"), default="native",
@@ -184,6 +200,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
         ct_count=args.ct,
         large_mb=args.large_mb,
         large_syntax=args.large_syntax,
+        slide_mb=args.slide_mb,
         repeats=args.repeats,
         part_mb=args.part_mb,
         concurrency=args.concurrency,

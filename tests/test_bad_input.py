@@ -4,26 +4,47 @@ The corpus of ``tests/bad_inputs.py`` (bad objects on both read paths, bad
 notifications, events that announce nothing new, keys that do not exist) is
 uploaded and announced interleaved with good objects under awkward keys. One
 worker run must give every bad item one dead-letter record with the right
-reason, process every good object bit-exactly, skip what announces nothing,
-commit to the end of the topic, and keep its peak RSS far below what any
-header's claims would need. A second run does the same for Hypothesis mutants
-of valid objects: each gets exactly one outcome, and the worker survives.
+reason (a compressed object's naming its transfer syntax), process every good
+object bit-exactly, skip what announces nothing, commit to the end of the topic,
+and keep its peak RSS far below what any header's claims would need. A second run
+does the same for Hypothesis mutants of valid objects, compressed ones among
+them: each gets exactly one outcome, and the worker survives.
+
+Compressed objects are also taken in this process, the way the worker decodes
+them (``bad_inputs.decode_as_worker``): every entry of the compressed family, and
+Hypothesis mutants of every compressed syntax, each refused with an
+``IngestError`` or decoded to pydicom's values, in bounded memory. Known product
+bugs are strict xfails, named in ``bad_inputs`` (``BUG_*``).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import os
 import random
+import re
 import resource
+import subprocess
+import sys
+import tracemalloc
 import uuid
+import warnings
 from dataclasses import dataclass, field
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
+import numpy.typing as npt
 import pytest
 from aiokafka import AIOKafkaProducer
+from hypothesis import HealthCheck, given, settings
+from pydicom import dcmread
+from pydicom.pixels.utils import pixel_array as decode_frame
+from pydicom.uid import UID
 
 from ingest.audit.records import open_envelope, verify_chain
 from ingest.dicom.parse import parse_header
@@ -48,6 +69,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(15
 
 RUN_TIMEOUT_S = 90.0
 RSS_HEADROOM = 200 * 1024 * 1024
+ROOT = Path(__file__).resolve().parents[1]
+EXTS = (".npy", ".json")  # the outputs of a processed object
 PATIENT_TEXT = ("PHANTOM", "SYNTHETIC", "CompressedSamples")  # names inside the samples
 DICOM_REASONS = {
     e.reason for e in (NotDicom, MalformedDicom, UnsupportedDicom, LimitExceeded, DicomError)
@@ -77,6 +100,7 @@ class Expected:
     objects: list[tuple[str, str]] = field(default_factory=list)
     record: str | None = None
     error_type: str | None = None
+    syntax: str | None = None  # the transfer syntax the dead letter's error must name
     offset: int = -1
 
 
@@ -103,7 +127,10 @@ def build_plan(bucket: str) -> Plan:
             item.data,
             item.reason,
             f"object:{item.name}",
-            {"error_type": item.error.__name__},
+            {
+                "error_type": item.error.__name__,
+                "syntax": item.syntax,
+            },
         )
         for item in bad_inputs.bad_objects()
     ]
@@ -242,6 +269,24 @@ async def run_until_done(settings: Settings, outcomes: int) -> tuple[list[Outcom
     return seen, worker.stats
 
 
+async def get_objects(stack: Stack, bucket: str, keys: list[str]) -> dict[str, bytes]:
+    """Each of ``keys``' bytes, through one client, eight at a time."""
+    found: dict[str, bytes] = {}
+    limit = anyio.Semaphore(8)
+    async with harness.s3_client(stack) as s3:
+
+        async def get(key: str) -> None:
+            async with limit:
+                response = await s3.get_object(Bucket=bucket, Key=key)
+                async with response["Body"] as body:
+                    found[key] = await body.read()
+
+        async with anyio.create_task_group() as group:
+            for key in keys:
+                group.start_soon(get, key)
+    return found
+
+
 async def output_keys(stack: Stack, bucket: str) -> set[str]:
     keys: set[str] = set()
     async with harness.s3_client(stack) as s3:
@@ -249,6 +294,12 @@ async def output_keys(stack: Stack, bucket: str) -> set[str]:
         async for page in paginator.paginate(Bucket=bucket):
             keys.update(item["Key"] for item in page.get("Contents", []))
     return keys
+
+
+def names_syntax(message: str, syntax: str) -> bool:
+    """Whether ``message`` names the transfer syntax ``syntax``, by its UID or its name."""
+    name = UID(syntax).name
+    return syntax in message or (name != syntax and name in message)
 
 
 def shown_value(value: bytes | None) -> tuple[str, str]:
@@ -318,6 +369,8 @@ async def test_bad_inputs_interleaved_with_good_ones(stack: Stack) -> None:
             assert document["reason"] == reason, (record.label, document["error"])
             if record.error_type is not None:
                 assert document["error_type"] == record.error_type, record.label
+            if record.syntax is not None:
+                assert names_syntax(document["error"], record.syntax), (record.label, document)
             assert document["attempts"] == 1, record.label
             assert document["retriable"] is False, record.label
             assert document["error"], record.label
@@ -340,18 +393,17 @@ async def test_bad_inputs_interleaved_with_good_ones(stack: Stack) -> None:
     assert sorted(results) == sorted(plan.good)
     prefix = f"out/{names.source_bucket}/"
     assert await output_keys(stack, names.output_bucket) == {
-        f"{prefix}{key}{ext}" for key in plan.good for ext in (".npy", ".json")
+        f"{prefix}{key}{ext}" for key in plan.good for ext in EXTS
     }
+    outputs = await get_objects(
+        stack, names.output_bucket, [f"{prefix}{key}{ext}" for key in plan.good for ext in EXTS]
+    )
     for key, data in plan.good.items():
         expected = reference_array(data, None, "float32")
-        out = harness.load_npy(
-            await harness.get_object(stack, names.output_bucket, f"{prefix}{key}.npy")
-        )
+        out = harness.load_npy(outputs[f"{prefix}{key}.npy"])
         assert out.shape == expected.shape, key
         assert out.tobytes() == expected.tobytes(), key
-        sidecar = harness.load_json(
-            await harness.get_object(stack, names.output_bucket, f"{prefix}{key}.json")
-        )
+        sidecar = harness.load_json(outputs[f"{prefix}{key}.json"])
         assert sidecar == results[key]
         assert sidecar["source"]["key"] == key
         assert sidecar["source"]["sha256"] == harness.sha256(data)
@@ -386,6 +438,15 @@ async def test_mutated_objects_each_get_one_outcome(stack: Stack) -> None:
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     mutants = {f"mutant/{i:03d}.dcm": data for i, data in enumerate(bad_inputs.mutations(10))}
+    # compressed ones too (decoded by the worker's processes), but not those the worker
+    # decodes otherwise than pydicom's pixel_array (BUG_FRAME_STATE: checked in this
+    # process) nor a frame header of height 0 (decoded isolated, ISOLATED_MUTATIONS)
+    compressed = [
+        data
+        for data in bad_inputs.compressed_mutations(COMPRESSED_MUTANTS)
+        if decoded_or_refused(data) in SAME_AS_PYDICOM
+    ]
+    mutants |= {f"mutant/compressed-{i:03d}.dcm": data for i, data in enumerate(compressed)}
     sentinel = {"mutant/zz-sentinel.dcm": bad_inputs.large_base()}
     objects = {**mutants, **sentinel}
     await harness.upload(stack, names.source_bucket, objects.items())
@@ -443,3 +504,222 @@ async def test_header_under_an_uneven_limit_is_read(stack: Stack) -> None:
     outcomes, _ = await run_until_done(settings, 1)
 
     assert outcomes[0].error is None, f"{type(outcomes[0].error).__name__}: {outcomes[0].error}"
+
+
+# -- compressed objects, in this process: what the worker's decode stage makes of them ------
+
+COMPRESSED = bad_inputs.compressed_cases()
+REFUSAL_TRACED_BYTES = 64 * 1024 * 1024  # what a refusal may allocate (Python's allocators)
+
+
+def _case(case: bad_inputs.CompressedCase) -> Any:
+    marks = [pytest.mark.xfail(strict=True, reason=case.bug)] if case.bug else []
+    return pytest.param(case, id=case.name, marks=marks)
+
+
+IN_PROCESS = [c for c in COMPRESSED if c.mutation not in bad_inputs.ISOLATED_MUTATIONS]
+
+
+def decode_quietly(data: bytes) -> npt.NDArray[Any] | None:
+    """``bad_inputs.decode_as_worker`` with warnings ignored, as in the worker (where
+    a warning does not turn into an exception, as ``filterwarnings=error`` makes it here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bad_inputs.decode_as_worker(data)
+
+
+@pytest.mark.parametrize("case", [_case(case) for case in IN_PROCESS])
+def test_compressed_mutant_refused_or_decoded_as_pydicom(case: bad_inputs.CompressedCase) -> None:
+    """Each mutant the way the worker reads it (one GET, or streamed): refused with its
+    error class, allocating little; or decoded to pydicom's ``pixel_array``."""
+    if case.error is None:
+        got = decode_quietly(case.data)
+        assert got is not None
+        expected = bad_inputs.pixel_array(case.data)
+        assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+        assert np.array_equal(got, expected)
+        return
+    tracemalloc.start()
+    try:
+        with pytest.raises(case.error):
+            decode_quietly(case.data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < REFUSAL_TRACED_BYTES, f"{peak >> 20} MiB allocated before the refusal"
+
+
+def test_compressed_refusals_name_the_syntax() -> None:
+    """Issue 20: what cannot be decoded is dead-lettered naming the transfer syntax."""
+    cases = [c for c in IN_PROCESS if c.error is not None and c.bug is None]
+    assert cases
+    unnamed = []
+    for case in cases:
+        with pytest.raises(IngestError) as refused:
+            decode_quietly(case.data)
+        if not names_syntax(str(refused.value), case.syntax):
+            unnamed.append(f"{case.name}: {refused.value}")
+    assert not unnamed, f"{len(unnamed)} of {len(cases)} do not name the syntax: {unnamed[:3]}"
+
+
+ISOLATED_LIMIT = 256 * 1024 * 1024  # address space: every base decodes well within it
+ISOLATED = """
+import resource, sys, warnings
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), resource.RLIM_INFINITY))
+from ingest.errors import IngestError
+from tests import bad_inputs
+for path in sys.argv[2:]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bad_inputs.decode_as_worker(open(path, "rb").read())
+        print("decoded", flush=True)
+    except IngestError as exc:
+        print(type(exc).__name__, flush=True)
+"""
+
+
+def decode_isolated(paths: list[Path]) -> subprocess.Popen[bytes]:
+    """A process that decodes each of ``paths`` in turn as the worker would, under an
+    address-space limit of ``ISOLATED_LIMIT``, printing what came of each."""
+    command = [sys.executable, "-c", ISOLATED, str(ISOLATED_LIMIT), *map(str, paths)]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+
+
+def test_bases_decode_within_the_isolated_limit(tmp_path: Path) -> None:
+    """What ``test_jpeg_height_zero_refused_in_bounded_memory`` relies on: under its
+    limit every compressed base decodes."""
+    paths = []
+    for base in bad_inputs.compressed_bases():
+        paths.append(tmp_path / f"{base.name}.dcm")
+        paths[-1].write_bytes(base.write())
+    process = decode_isolated(paths)
+    out, _ = process.communicate(timeout=60)
+    assert (process.returncode, out.decode().split()) == (0, ["decoded"] * len(paths))
+
+
+@pytest.mark.timeout(60)
+def test_jpeg_height_zero_refused_in_bounded_memory(tmp_path: Path) -> None:
+    """The mutants that grow memory without bound, each decoded in a process of its own
+    under the address-space limit: each must be refused with its error class, and the
+    process end normally (no MemoryError, no abort)."""
+    cases = [c for c in COMPRESSED if c.mutation in bad_inputs.ISOLATED_MUTATIONS]
+    assert cases
+    running = []
+    for case in cases:
+        path = tmp_path / f"{case.name}.dcm"
+        path.write_bytes(case.data)
+        running.append(decode_isolated([path]))
+    outcomes = {}
+    for case, process in zip(cases, running, strict=True):
+        out, _ = process.communicate(timeout=50)
+        outcomes[case.name] = (process.returncode, out.decode().strip())
+    expected = {case.name: (0, case.error.__name__ if case.error else "decoded") for case in cases}
+    assert outcomes == expected
+
+
+class Footprint:
+    """Memory taken over a block: Python's allocations at their peak (``tracemalloc``,
+    NumPy's included) and the process's peak RSS growth (native allocations too)."""
+
+    def __init__(self) -> None:
+        self.traced = self.rss = 0
+
+    def __enter__(self) -> Footprint:
+        self._rss = PeakRss().__enter__()
+        tracemalloc.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.traced = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        self._rss.__exit__()
+        self.rss = self._rss.growth
+
+
+def decoded_bound(data: bytes) -> int:
+    """What decoding ``data`` may allocate: 16 MiB, and eight times the frames its header
+    claims (as many as the largest base has fragments, plus one)."""
+    frame = 0
+    with contextlib.suppress(Exception), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = dcmread(BytesIO(data), stop_before_pixels=True, force=True)
+        frame = int(ds.Rows) * int(ds.Columns) * int(ds.SamplesPerPixel)
+        frame *= -(-int(ds.BitsAllocated) // 8)
+    frames = max(len(base.frames) for base in bad_inputs.compressed_bases()) + 1
+    return 16 * 1024 * 1024 + 8 * max(frame, 0) * frames
+
+
+# a JPEG (-LS) frame header of height 0, once a way to take all memory: decoded isolated
+SOF_HEIGHT_0 = re.compile(rb"\xff[\xc0-\xc3\xc5-\xc7\xc9-\xcb\xcd-\xcf\xf7].{3}\x00\x00", re.S)
+
+
+def frame_by_frame(data: bytes, count: int) -> npt.NDArray[Any]:
+    """pydicom's decode of each frame on its own (``pixel_array(..., index=k)``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.stack([decode_frame(BytesIO(data), index=k) for k in range(count)])
+
+
+MUTANT_EXAMPLES = 800  # ~10 s on the 2-core machine
+COMPRESSED_MUTANTS = 40  # of them through the worker as well
+SAME_AS_PYDICOM = {"decoded", "MalformedDicom", "LimitExceeded", "UnsupportedDicom"}
+
+
+@pytest.mark.timeout(120)
+def test_mutated_codestreams_refused_or_decoded_as_pydicom() -> None:
+    """Hypothesis mutants of every compressed syntax (``bad_inputs.mutated_compressed``),
+    the way the worker decodes them: an ``IngestError``, or pydicom's ``pixel_array``
+    (where pydicom decodes it at all); nothing else raised, memory bounded by what the
+    header claims however large the codestream's claims, no hang (the timeout)."""
+    outcomes: dict[str, int] = {}
+
+    @settings(
+        max_examples=MUTANT_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(bad_inputs.mutated_compressed())
+    def check(mutant: bad_inputs.Mutant) -> None:
+        outcome = decoded_or_refused(mutant.data)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    check()
+    print(f"\ncompressed mutants: {sum(outcomes.values())}, {outcomes}")
+    assert sum(outcomes.values()) >= MUTANT_EXAMPLES // 2
+
+
+def decoded_or_refused(data: bytes) -> str:
+    """Check one mutant (see the test); returns what came of it."""
+    if SOF_HEIGHT_0.search(data):
+        return "skipped: a frame header of height 0 (decoded isolated, in its own test)"
+    bound = decoded_bound(data)
+    got: npt.NDArray[Any] | None = None
+    with Footprint() as memory:
+        try:
+            got = decode_quietly(data)
+            outcome = "decoded" if got is not None else "not compressed"
+        except IngestError as exc:
+            outcome = type(exc).__name__
+    assert memory.traced < bound, f"{memory.traced >> 20} MiB traced, bound {bound >> 20}"
+    assert memory.rss < bound + 64 * 1024 * 1024, f"peak RSS grew {memory.rss >> 20} MiB"
+    if got is None:
+        return outcome
+    try:
+        expected = bad_inputs.pixel_array(data)
+    except Exception:  # pydicom cannot decode it: nothing to compare with
+        return "decoded, pydicom fails"
+    if got.shape == expected.shape and not np.array_equal(got, expected):
+        # BUG_FRAME_STATE: where pydicom's whole-object decode is not its decode of each
+        # frame on its own, the worker's is the latter
+        frames = frame_by_frame(data, len(got)).reshape(got.shape)
+        if not np.array_equal(frames, expected):
+            outcome, expected = "decoded as pydicom decodes each frame", frames
+    assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+    assert np.array_equal(got, expected)
+    return outcome

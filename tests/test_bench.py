@@ -2,7 +2,8 @@
 
 Checks the shape of the report, not speed: every workload has every reader,
 the CPU readers have positive figures, the GPU readers are reported as
-skipped where CUDA is absent, the JSON file is written and the tables render.
+skipped where CUDA is absent, the JSON file is written and the tables render;
+the decode workloads get their own references, frames/s and ratios.
 """
 
 from __future__ import annotations
@@ -20,15 +21,23 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ingest.bench.config import BenchConfig
+from ingest.bench.config import READERS, BenchConfig
+from ingest.bench.decode import decode_ratios
 from ingest.bench.gpu import kvikio_missing
 from ingest.bench.main import run_bench
 from ingest.bench.measure import TreeMeter, percentile, process_tree
+from ingest.bench.reader_runs import readers_for
 from ingest.bench.readers import plan_ranges
 from ingest.bench.report import measured_text, scaling, targets
 from ingest.bench.scaled_pass import GapWatch
-from ingest.bench.workloads import BenchObject, Workload
-from ingest.cli import main
+from ingest.bench.workloads import (
+    DECODE_WORKLOADS,
+    BenchObject,
+    S3Target,
+    Workload,
+    prepare_workloads,
+)
+from ingest.cli import _bench_config, _parser, main
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 
@@ -105,6 +114,102 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
         assert all(Path(p).is_file() for p in on_disk["plots"])
     else:
         assert any("matplotlib" in n for n in on_disk["notes"])
+
+
+DECODE_RUN = ("pydicom-loop", "cpu-pool", "ours", "ours-hook")
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: Path) -> None:
+    config = BenchConfig(
+        out=tmp_path, workloads=tuple(DECODE_WORKLOADS), ct_count=2, slide_mb=1, repeats=1,
+        plots=False,
+    )  # fmt: skip
+    output = io.StringIO()
+    await run_bench(config, stack, Console(file=output, width=160))
+    on_disk = _written(tmp_path)
+    assert list(on_disk["results"]) == list(DECODE_WORKLOADS)
+    for workload, readers in on_disk["results"].items():
+        info = on_disk["workloads"][workload]
+        assert info["transfer_syntax"] == DECODE_WORKLOADS[workload]
+        assert info["decoded_bytes"] == info["frames"] * info["frame_bytes"]
+        assert tuple(readers) == DECODE_RUN  # no fetch reader on a decode workload
+        for name in DECODE_RUN:
+            entry = readers[name]
+            assert entry["status"] == "ok", (workload, name, entry)
+            (run,) = entry["runs"]
+            assert run["frames"] == info["frames"]
+            for key in ("frames_per_s", "decoded_mb_per_s", "cpu_ms_per_frame", "gb_per_s"):
+                assert entry["median"][key] > 0, (workload, name, key)
+        assert readers["cpu-pool"]["runs"][0]["processes"] >= 1
+        call = "iter_pixels" if workload == "slide" else "pixel_array"  # multi-frame: per frame
+        assert readers["pydicom-loop"]["runs"][0]["pydicom_call"] == call
+        assert readers["ours"]["settings"]["sink"] == "s3"
+        assert readers["ours-hook"]["hook_chunks"] >= 1
+    slide = on_disk["workloads"]["slide"]
+    across, down, tile = slide["tiles"]
+    assert (slide["frames"], slide["frame_bytes"], tile) == (across * down, 256 * 256 * 3, 256)
+    assert 0.5e6 < slide["bytes"] < 1.6e6  # about --slide-mb MiB
+    series = {w: on_disk["workloads"][w]["frames"] for w in DECODE_WORKLOADS if w != "slide"}
+    assert series == {"ct-j2k": 2, "ct-htj2k": 2, "ct-rle": 2}
+    assert on_disk["ratios"] == []  # the fetch ratios: no fetch workload ran
+    rows = {(r["workload"], r["mode"]): r for r in on_disk["decode_ratios"]}
+    assert set(rows) == {(w, m) for w in DECODE_WORKLOADS for m in ("ours", "ours-hook")}
+    for row in rows.values():
+        assert min(row["ours_over_pydicom_loop"], row["ours_over_cpu_pool"]) > 0, row
+    text = output.getvalue()
+    assert "decode: ours / references" in text
+    assert "ours / reference (GB/s" not in text
+
+
+def test_readers_fit_their_workloads() -> None:
+    assert readers_for("ct", READERS) == (
+        "curl", "threads", "kvikio-raw", "naive", "kvikio", "ours", "ours-hook",
+    )  # fmt: skip
+    assert readers_for("slide", READERS) == DECODE_RUN
+    assert readers_for("ct-rle", ("threads", "ours-hook", "cpu-pool")) == ("ours-hook", "cpu-pool")
+
+
+def test_an_unknown_workload_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    target = S3Target("http://127.0.0.1:1", "us-east-1", "k", "s", "src", "out")
+    with pytest.raises(ValueError, match="unknown workload ct-jpeg"):
+        prepare_workloads(target, ["ct-rle", "ct-jpeg"], 1, 1, tmp_path)
+
+
+def test_decode_ratios_are_ours_over_each_reference() -> None:
+    def entry(frames_per_s: float) -> dict[str, Any]:
+        median = {"frames_per_s": frames_per_s, "decoded_mb_per_s": frames_per_s / 2}
+        return {"status": "ok", "median": median}
+
+    report: dict[str, Any] = {
+        "workloads": {"ct-j2k": {"transfer_syntax": DECODE_WORKLOADS["ct-j2k"]}},
+        "results": {
+            "ct-j2k": {
+                "pydicom-loop": entry(40.0), "cpu-pool": entry(80.0), "ours-hook": entry(60.0),
+                "ours": {"status": "failed"},
+            },
+            "ct": {"ours": entry(1.0)},  # not a decode workload
+        },
+    }  # fmt: skip
+    (row,) = decode_ratios(report)
+    assert (row["workload"], row["mode"], row["syntax"]) == (
+        "ct-j2k",
+        "ours-hook",
+        "1.2.840.10008.1.2.4.90",
+    )
+    assert row["ours_over_pydicom_loop"] == pytest.approx(1.5)
+    assert row["ours_over_cpu_pool"] == pytest.approx(0.75)
+    assert row["cpu_pool_over_pydicom_loop"] == pytest.approx(2.0)
+    assert row["decoded_mb_per_s"] == 30.0
+
+
+def test_cli_bench_takes_the_decode_workloads_and_the_slide_size() -> None:
+    args = _parser().parse_args(["bench", "--workloads", "slide,ct-rle", "--slide-mb", "64"])
+    config = _bench_config(args)
+    assert (config.workloads, config.slide_mb) == (("slide", "ct-rle"), 64)
+    assert {"pydicom-loop", "cpu-pool"} <= set(config.readers)
 
 
 # Enough slices that each of two worker processes spends several clock ticks (10 ms) of

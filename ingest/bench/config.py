@@ -9,12 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingest.bench.ours import HOOK_SPEC
-from ingest.bench.workloads import S3Target
+from ingest.bench.workloads import DECODE_WORKLOADS, FETCH_WORKLOADS, S3Target
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings, load_settings
 
-WORKLOADS = ("ct", "large", "mix")
-READERS = ("curl", "threads", "kvikio-raw", "naive", "kvikio", "ours", "ours-hook")
+WORKLOADS = FETCH_WORKLOADS  # the default; the decode workloads run when named
+ALL_WORKLOADS = (*FETCH_WORKLOADS, *DECODE_WORKLOADS)
+READERS = (
+    "curl", "threads", "kvikio-raw", "naive", "kvikio", "pydicom-loop", "cpu-pool", "ours",
+    "ours-hook",
+)  # fmt: skip
 OURS_MODES = {"ours": {"SINK": "s3"}, "ours-hook": {"SINK": "none", "HOOK": HOOK_SPEC}}
 SCALED_MODES = ("ours-hook", "ours")
 
@@ -29,6 +33,7 @@ class BenchConfig:
     ct_count: int = 300
     large_mb: int = 1024
     large_syntax: str = "native"  # or "encapsulated": Encapsulated Uncompressed, past 4 GiB
+    slide_mb: int = 200  # MiB of JPEG tiles in the slide workload
     repeats: int = 3
     part_mb: int = 8
     concurrency: int = 16

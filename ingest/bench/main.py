@@ -7,17 +7,22 @@ the ceilings (``curl``, ``threads``, ``kvikio-raw``), the ``naive`` path,
 ``kvikio`` (GPU only), ``ours`` (the real worker through the broker, S3 sink
 on) and ``ours-hook`` (sink off, arrays handed to a no-op user hook on the
 device), each with one warm-up pass that is discarded and ``repeats`` measured
-passes; with ``--processes LIST``, for each N, ``ours-hook-pN`` and ``ours-pN``:
-N real worker processes in one consumer group (``scaled``); then, with
-``--sweep``, ours on the large object across part sizes and fetch concurrencies.
+passes; for each decode workload (``slide``, ``ct-j2k``, ``ct-htj2k``,
+``ct-rle``: compressed frames) ``pydicom-loop``, ``cpu-pool``, ``ours`` and
+``ours-hook`` the same way, with frames/s (``decode``); with ``--processes
+LIST``, for each N, ``ours-hook-pN`` and ``ours-pN``: N real worker processes
+in one consumer group (``scaled``); then, with ``--sweep``, ours on the large
+object across part sizes and fetch concurrencies.
 It writes a JSON file with every figure, prints the tables of ratios and
 targets, and draws PNG plots when matplotlib is installed.
 
-Modules: ``config`` (the flags, a worker's environment), ``workloads``
-(objects), ``readers`` (CPU references), ``gpu`` (KvikIO, pinned-copy
-reference), ``ours`` (the worker), ``scaled`` and ``scaled_pass`` (N
-worker processes, measured from outside), ``measure`` (time, CPU, RSS),
-``report`` (ratios, targets, table, JSON), ``plots`` (PNGs).
+Modules: ``config`` (the flags, a worker's environment), ``workloads`` and
+``workloads_compressed`` (objects), ``reader_runs`` (which reader runs where,
+measured how), ``readers`` (CPU references), ``decode`` (decode references,
+frames/s, their ratios), ``gpu`` (KvikIO, pinned-copy reference), ``ours``
+(the worker), ``scaled`` and ``scaled_pass`` (N worker processes, measured
+from outside), ``measure`` (time, CPU, RSS), ``report`` (ratios, targets,
+table, JSON), ``plots`` (PNGs).
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -47,10 +51,18 @@ from ingest.bench.config import (
     worker_environment,
     worker_settings,
 )
-from ingest.bench.measure import Meter, MiB, load_watch, machine_info, summarize
+from ingest.bench.decode import add_decode_rates, decode_ratios
+from ingest.bench.decode import pass_limit_s as decode_pass_limit_s
+from ingest.bench.measure import MiB, load_watch, machine_info
 from ingest.bench.ours import HOOK_SPEC, OursRunner
 from ingest.bench.plots import plots
-from ingest.bench.readers import CurlReader, NaiveReader, Reader, ThreadsReader, curl_missing
+from ingest.bench.reader_runs import (
+    failed_run,
+    make_reader,
+    measure_reader,
+    readers_for,
+    skipped,
+)
 from ingest.bench.report import (
     method,
     notes,
@@ -62,6 +74,7 @@ from ingest.bench.report import (
 )
 from ingest.bench.scaled import ScaledRunner, ScaledSpec, scaled_label
 from ingest.bench.workloads import (
+    DECODE_WORKLOADS,
     BenchObject,
     S3Target,
     Workload,
@@ -87,62 +100,6 @@ class _Steps:
         self._progress.advance(self._task)
 
 
-def _skipped(status: str, note: str, short: str) -> dict[str, Any]:
-    return {"status": status, "note": note, "short": short}
-
-
-def _failed_run(exc: BaseException, log_file: Path, keep_in: Path) -> dict[str, Any]:
-    """A run that raised: its error and the end of its workers' log, for the report; the
-    whole log is kept in ``keep_in`` (the temporary folder goes when the bench ends)."""
-    errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
-    note = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
-    try:
-        tail = log_file.read_text(errors="replace").splitlines()[-40:]
-        keep_in.mkdir(parents=True, exist_ok=True)
-        kept: str | None = str(shutil.copy(log_file, keep_in / log_file.name))
-    except OSError:
-        tail, kept = [], None
-    return _skipped("failed", note, "failed") | {"log_tail": tail, "log": kept}
-
-
-def _measure_reader(
-    reader: Reader, workload: Workload, repeats: int, pids: list[int]
-) -> dict[str, Any]:
-    """One warm-up run (discarded), then ``repeats`` measured runs."""
-    reader.prepare(workload)
-    try:
-        reader.run(workload)
-        runs = []
-        for _ in range(repeats):
-            with Meter(pids) as meter:
-                extra = reader.run(workload)
-            run = meter.result(workload.bytes, len(workload.objects))
-            run.extra = extra
-            runs.append(run.as_dict())
-    finally:
-        reader.close()
-    return {"status": "ok", "runs": runs, **summarize(runs), "warmup": "1 run, discarded"}
-
-
-def _make_reader(name: str, config: BenchConfig, target: S3Target) -> Reader | dict[str, Any]:
-    part, conc = config.part_mb * MiB, config.concurrency
-    cuda = bench_gpu.cuda_missing()
-    if name == "curl":
-        why = curl_missing()
-        return _skipped("skipped", why, "no curl") if why else CurlReader(target, part, conc)
-    if name == "threads":
-        return ThreadsReader(target, part, conc)
-    if name == "naive":
-        on_gpu = cuda is None and config.device != "cpu"
-        return NaiveReader(target, conc, bench_gpu.to_device if on_gpu else None)
-    if name in ("kvikio-raw", "kvikio"):
-        why = bench_gpu.kvikio_missing()
-        if why is not None:
-            return _skipped("skipped", f"GPU only: {why}", "GPU only")
-        return bench_gpu.KvikioReader(target, part, conc, preprocess=name == "kvikio")
-    raise ValueError(f"unknown reader {name!r}")
-
-
 async def _run_ours(
     config: BenchConfig,
     target: S3Target,
@@ -155,18 +112,20 @@ async def _run_ours(
     repeats: int,
     paced: float | None,
     pids: list[int],
+    limit_s: float | None = None,
     **tune: int,
 ) -> dict[str, Any]:
     settings = worker_settings(config, target, bootstrap, token, f"{label}-{mode}", mode, **tune)
     await anyio.to_thread.run_sync(create_topics, bootstrap, [settings.source_topic])
     runner = OursRunner(settings, target.source_bucket, pids)
-    result = await runner.measure(objects, warmup, repeats, paced)
+    result = await runner.measure(objects, warmup, repeats, paced, limit_s)
     result["settings"] = {
         "part_size": settings.part_size, "ring_slots": settings.ring_slots,
         "fetch_concurrency": settings.fetch_concurrency,
         "max_objects_in_flight": settings.max_objects_in_flight,
         "output_dtype": settings.output_dtype, "device": settings.device,
         "backend": runner.worker.backend, "sink": settings.sink, "hook": settings.hook,
+        "decode_processes": settings.decode_processes,
     }  # fmt: skip
     return result
 
@@ -185,7 +144,7 @@ async def _run_scaled(
     """``mode`` with ``processes`` worker processes in one group (``scaled``)."""
     label = scaled_label(mode, processes)
     if len(workload.objects) < 2 and processes > 1:  # p1 still runs: the worker's own RSS
-        return _skipped("skipped", "one object cannot be spread over processes", "one object")
+        return skipped("skipped", "one object cannot be spread over processes", "one object")
     env = worker_environment(config, target, bootstrap, token, f"{workload.name}-{label}", mode)
     spec = ScaledSpec(
         processes, config.gpus, env, target.source_bucket,
@@ -253,27 +212,28 @@ async def run_bench(
             await anyio.to_thread.run_sync(create_topics, bootstrap, topics)
             workloads = await anyio.to_thread.run_sync(
                 prepare_workloads, target, list(config.workloads), config.ct_count,
-                config.large_mb, Path(tmp), steps.label, config.large_syntax,
+                config.large_mb, Path(tmp), steps.label, config.large_syntax, config.slide_mb,
             )  # fmt: skip
             report["workloads"] = {n: w.describe() for n, w in workloads.items()}
             warm = (await anyio.to_thread.run_sync(warmup_object, target),)
             report["results"] = {}
             for name, workload in workloads.items():
                 results: dict[str, Any] = report["results"].setdefault(name, {})
-                for reader_name in config.readers:
+                limit = decode_pass_limit_s(workload) if name in DECODE_WORKLOADS else None
+                for reader_name in readers_for(name, config.readers):
                     steps.label(f"{name}: {reader_name}")
                     if reader_name in OURS_MODES:
                         results[reader_name] = await _run_ours(
                             config, target, bootstrap, token, name, reader_name, workload.objects,
-                            workload.objects, config.repeats, _paced(config, name), pids,
+                            workload.objects, config.repeats, _paced(config, name), pids, limit,
                         )  # fmt: skip
                     else:
-                        reader = _make_reader(reader_name, config, target)
+                        reader = make_reader(reader_name, config, target)
                         if isinstance(reader, dict):
                             results[reader_name] = reader
                         else:
                             results[reader_name] = await anyio.to_thread.run_sync(
-                                _measure_reader, reader, workload, config.repeats, pids
+                                measure_reader, reader, workload, config.repeats, pids
                             )
                     steps.done()
                 for processes in config.processes:
@@ -287,9 +247,11 @@ async def run_bench(
                             )  # fmt: skip
                         except Exception as exc:  # reported; the other runs still go on
                             log_file = Path(tmp) / f"{name}-{label}.log"
-                            results[label] = _failed_run(exc, log_file, config.out)
+                            results[label] = failed_run(exc, log_file, config.out)
                             console.print(f"[red]{name}: {label} failed: {exc!r}[/red]")
                         steps.done()
+                for entry in results.values():
+                    add_decode_rates(entry, workload)  # decode workloads: frames/s
             if config.sweep and "large" in workloads:
                 report["sweeps"] = await _sweeps(
                     config, target, bootstrap, token, workloads["large"], warm, pids, steps
@@ -303,6 +265,7 @@ async def run_bench(
             report["h2d_reference"] = _h2d_reference(config, gpu is not None, chunks)
     report["finished"] = datetime.now(UTC).isoformat()
     report["ratios"] = ratios(report)
+    report["decode_ratios"] = decode_ratios(report)
     report["scaling"] = scaling(report)
     report["targets"] = targets(report)
     report["notes"] = notes(report)
@@ -335,7 +298,7 @@ async def _sweeps(
             steps.label(f"sweep {axis} = {value}")
             result = await _run_ours(
                 config, target, bootstrap, token, f"sweep-{axis}-{value}", config.sweep_mode,
-                large.objects, warm, 1, None, pids, **tune(value),
+                large.objects, warm, 1, None, pids, None, **tune(value),
             )  # fmt: skip
             run = result["runs"][0]
             keep = ("gb_per_s", "cpu_s_per_gb", "peak_rss_bytes", "other_cpu_share")
@@ -363,7 +326,8 @@ def _h2d_reference(config: BenchConfig, has_gpu: bool, chunks: dict[str, int]) -
 def _count_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_parts_mb) + len(config.sweep_concurrency) if config.sweep else 0
     scaled = len(config.processes) * len(config.scaled_modes)
-    return len(config.workloads) * (len(config.readers) + scaled) + sweep
+    readers = sum(len(readers_for(w, config.readers)) for w in config.workloads)
+    return readers + len(config.workloads) * scaled + sweep
 
 
 def _write(

@@ -5,8 +5,10 @@ What each figure means (the JSON's ``method`` repeats this):
 - CPU time is ``time.process_time()`` (every thread of this process) plus
   ``RUSAGE_CHILDREN`` (children reaped meanwhile: the curl processes; the
   servers are children too but are reaped only when the stack stops, so
-  they never count here). The servers' own CPU is read from ``/proc/PID/stat``
-  and reported apart as ``server_cpu_s``.
+  they never count here) plus what live descendants other than the servers
+  spent meanwhile (``/proc/PID/stat``: decoding pools, whose processes outlive
+  a run). The servers' own CPU is read from ``/proc/PID/stat`` and reported
+  apart as ``server_cpu_s``.
 - Peak RSS is ``VmHWM`` of this process; before each run the high-water mark is
   reset to the current RSS by writing ``5`` to ``/proc/self/clear_refs`` (Linux
   >= 4.0). Where that is refused the figure is the peak since the process
@@ -143,6 +145,16 @@ class Run:
         }
 
 
+def descendant_cpu_s(exclude: Sequence[int]) -> dict[int, float]:
+    """CPU seconds so far of each live descendant of this process, leaving out the trees
+    of ``exclude`` (the servers)."""
+    excluded = {pid for root in exclude for pid in process_tree(root)}
+    me = os.getpid()
+    return {
+        pid: process_cpu_s([pid]) for pid in process_tree(me) if pid != me and pid not in excluded
+    }
+
+
 class Meter:
     """Brackets one run: ``with Meter(server_pids) as m: ...; run = m.result(bytes, objects)``.
 
@@ -157,10 +169,12 @@ class Meter:
         self._rss_before = 0
         self._end: float | None = None
         self._cpu_end = self._child_end = self._server_end = self._busy_end = 0.0
+        self._live: dict[int, float] = {}
 
     def __enter__(self) -> Meter:
         self.reset_ok = reset_peak_rss()
         self._rss_before = current_rss()
+        self._live = descendant_cpu_s(self._pids)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         self._child = children.ru_utime + children.ru_stime
         self._server = process_cpu_s(self._pids)
@@ -173,7 +187,9 @@ class Meter:
         self._end = time.perf_counter()
         self._cpu_end = time.process_time()
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        live = descendant_cpu_s(self._pids)  # a process that started meanwhile: all of it
         self._child_end = children.ru_utime + children.ru_stime
+        self._child_end += sum(cpu - self._live.get(pid, 0.0) for pid, cpu in live.items())
         self._server_end = process_cpu_s(self._pids)
         self._busy_end = machine_busy_s()
 

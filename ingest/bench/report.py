@@ -15,7 +15,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ingest.bench.decode import METHOD as DECODE_METHOD
+from ingest.bench.decode import print_decode_tables
 from ingest.bench.measure import GB
+from ingest.bench.workloads import DECODE_WORKLOADS
 
 CEILINGS = ("curl", "threads", "kvikio-raw")
 BUSY_SHARE = 0.15  # other processes' share of all cores above which a run is called disturbed
@@ -37,9 +40,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per workload and mode of ours: / fastest ceiling, / naive, / kvikio-raw, / kvikio."""
+    """Per workload and mode of ours: / fastest ceiling, / naive, / kvikio-raw, / kvikio
+    (the decode workloads have their own: ``decode.decode_ratios``)."""
     rows = []
     for workload in report["results"]:
+        if workload in DECODE_WORKLOADS:
+            continue
         ceilings = {c: median_of(report, workload, c, "gb_per_s") for c in CEILINGS}
         present = {c: v for c, v in ceilings.items() if v is not None}
         fastest = max(present, key=lambda c: present[c]) if present else None
@@ -223,6 +229,8 @@ def measured_text(target: dict[str, Any]) -> str:
 def print_tables(console: Console, report: dict[str, Any]) -> None:
     """Per-workload figures, then the ratios and the targets."""
     for workload, readers in report["results"].items():
+        if workload in DECODE_WORKLOADS:
+            continue  # print_decode_tables
         info = report["workloads"][workload]
         title = f"{workload}: {info['objects']} objects, {info['bytes'] / 1e9:.3f} GB (medians)"
         table = Table(title=title)
@@ -245,6 +253,7 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
                 ("latency: burst" if lat else ""),
             )  # fmt: skip
         console.print(table)
+    print_decode_tables(console, report)
     ratio = Table(title="ours / reference (GB/s, medians)")
     for column in ("workload", "mode", "GB/s", "fastest ceiling", "/ ceiling", "/ naive",
                    "/ kvikio-raw", "/ kvikio"):  # fmt: skip
@@ -255,7 +264,8 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
             _fmt(r["ours_over_ceiling"]), _fmt(r["ours_over_naive"]),
             _fmt(r["ours_over_kvikio_raw"]), _fmt(r["ours_over_kvikio"]),
         )  # fmt: skip
-    console.print(ratio)
+    if report["ratios"]:
+        console.print(ratio)
     if report.get("scaling"):
         scale = Table(title="scaled: N worker processes in one group (medians; measured outside)")
         for column in ("workload", "run", "GPUs", "obj/s", "GB/s", "CPU s/GB", "p99 ms",
@@ -297,7 +307,8 @@ def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str,
         "to the producer; 'burst' publishes everything at once (includes queueing), "
         "'paced' publishes at --paced-rate, by default half the median burst rate",
         "cpu": "process_time of this process (all threads, including the bench's own "
-        "publisher) + RUSAGE_CHILDREN (curl); server CPU apart as server_cpu_s",
+        "publisher) + RUSAGE_CHILDREN (curl) + live child processes other than the servers "
+        "(decoding pools, /proc/PID/stat); server CPU apart as server_cpu_s",
         "rss": "VmHWM reset via /proc/self/clear_refs before each run; ours is compared "
         "with ring size = RING_SLOTS x PART_SIZE",
         "contention": "other_cpu_s = machine busy CPU (/proc/stat) during the run minus ours, "
@@ -311,6 +322,7 @@ def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str,
         "- first publish); CPU = utime+stime of the supervisor's process tree (/proc/PID/stat), "
         "the bench's own apart; peak RSS = VmHWM per child (reset via clear_refs), the largest "
         "in peak_rss_bytes; warm-up, repeats and paced pass as ours",
+        "decode": DECODE_METHOD,
     }
 
 
@@ -337,6 +349,11 @@ def notes(report: dict[str, Any]) -> list[str]:
             "ours-hook-pN / ours-pN: N worker processes (dicom-ingest worker --processes N) in "
             "one consumer group, measured from outside (result records at the bench); CPU s/GB "
             "is the workers' process tree, peak RSS the largest child's"
+        )
+    if set(report.get("results", {})) & set(DECODE_WORKLOADS):
+        out.append(
+            "decode workloads: pydicom-loop and cpu-pool decode local copies of the objects "
+            "(no fetch); ours reads them from S3 and runs its whole pipeline"
         )
     if not report.get("sweeps"):
         out.append("no sweep (run with --sweep for throughput vs part size and concurrency)")

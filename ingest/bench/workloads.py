@@ -1,4 +1,5 @@
-"""The benchmark's objects: a CT series, one large multi-frame object, and their mix.
+"""The benchmark's objects: a CT series, one large multi-frame object, and their mix;
+and the decode workloads (``DECODE_WORKLOADS``, made in ``workloads_compressed``).
 
 All are synthetic and deterministic (``ingest.embedded.samples``). The large object is
 streamed to a temporary file frame by frame and uploaded with a multipart
@@ -22,6 +23,14 @@ from ingest.embedded.samples import synthetic_ct_series, synthetic_multiframe
 
 UPLOAD_PART = 64 * MiB
 FRAME_BYTES = 512 * 512 * 2
+FETCH_WORKLOADS = ("ct", "large", "mix")
+# Compressed objects, decoded on the CPU: workload -> transfer syntax of its frames
+DECODE_WORKLOADS = {
+    "slide": "1.2.840.10008.1.2.4.50",  # JPEG Baseline tiles of a whole-slide image
+    "ct-j2k": "1.2.840.10008.1.2.4.90",  # JPEG 2000 Lossless CT series
+    "ct-htj2k": "1.2.840.10008.1.2.4.201",  # HTJ2K Lossless CT series
+    "ct-rle": "1.2.840.10008.1.2.5",  # RLE Lossless CT series
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,21 +70,37 @@ class BenchObject:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """Objects in the source bucket; a decode workload also has local copies (``files``, in
+    ``objects`` order) and the size of its frames as ``pixel_array`` returns them."""
+
     name: str
     objects: tuple[BenchObject, ...]
+    frames: int = 0  # decode workloads: frames in all objects
+    frame_bytes: int = 0  # decode workloads: bytes of one decoded frame (pixel_array's)
+    files: tuple[Path, ...] = ()
+    syntax: str = ""
+    info: tuple[tuple[str, Any], ...] = ()  # what else describe() reports (a slide's grid)
 
     @property
     def bytes(self) -> int:
         return sum(o.size for o in self.objects)
 
+    @property
+    def decoded_bytes(self) -> int:
+        return self.frames * self.frame_bytes
+
     def describe(self) -> dict[str, Any]:
         sizes = [o.size for o in self.objects]
-        return {
+        out: dict[str, Any] = {
             "objects": len(sizes),
             "bytes": sum(sizes),
             "min_object_bytes": min(sizes),
             "max_object_bytes": max(sizes),
         }
+        if self.frames:
+            out["transfer_syntax"], out["frames"] = self.syntax, self.frames
+            out["frame_bytes"], out["decoded_bytes"] = self.frame_bytes, self.decoded_bytes
+        return out | dict(self.info)
 
 
 def ensure_buckets(target: S3Target) -> None:
@@ -141,17 +166,43 @@ def prepare_workloads(
     tmpdir: Path,
     progress: Callable[[str], None] = lambda _: None,
     large_syntax: str = "native",
+    slide_mb: int = 200,
 ) -> dict[str, Workload]:
-    """Generate and upload the objects the named workloads need; returns them by name.
+    """Generate and upload the objects the named workloads need; returns them by name,
+    in ``names``' order.
 
     ``large_mb`` is in MiB of Pixel Data (512 x 512 16-bit frames, per-frame rescale),
     native or (``large_syntax="encapsulated"``) Encapsulated Uncompressed with an
-    Extended Offset Table, as a writer of an object past 4 GiB would write it.
+    Extended Offset Table, as a writer of an object past 4 GiB would write it. The
+    decode workloads (``DECODE_WORKLOADS``: ``ct_count`` slices a series, a slide of
+    about ``slide_mb`` MiB) are written under ``tmpdir`` and kept there.
 
     Raises:
-        ValueError: a native object past 4 GiB - 2 bytes of Pixel Data.
+        ValueError: a workload name not known, or a native object past 4 GiB - 2 bytes of
+            Pixel Data.
         botocore.exceptions.ClientError: an upload failed.
     """
+    unknown = [n for n in names if n not in FETCH_WORKLOADS and n not in DECODE_WORKLOADS]
+    if unknown:
+        known = ", ".join((*FETCH_WORKLOADS, *DECODE_WORKLOADS))
+        raise ValueError(f"unknown workload {', '.join(unknown)} (known: {known})")
+    out = _fetch_workloads(target, names, ct_count, large_mb, tmpdir, progress, large_syntax)
+    if set(names) & set(DECODE_WORKLOADS):
+        from ingest.bench.workloads_compressed import prepare_decode_workloads
+
+        out |= prepare_decode_workloads(target, names, ct_count, slide_mb, tmpdir, progress)
+    return {name: out[name] for name in names}
+
+
+def _fetch_workloads(
+    target: S3Target,
+    names: list[str],
+    ct_count: int,
+    large_mb: int,
+    tmpdir: Path,
+    progress: Callable[[str], None],
+    large_syntax: str,
+) -> dict[str, Workload]:
     client = target.client()
     out: dict[str, Workload] = {}
     try:

@@ -340,6 +340,11 @@ def _check_size(codec: Codec, size: tuple[int, int, int] | None, where: str) -> 
     if size is None:
         raise MalformedDicom(f"{codec.syntax_name} {where}: the codestream has no frame header")
     height, width, components = size
+    if not (height and width and components):  # a JPEG height of 0 (a DNL marker later)
+        raise MalformedDicom(  # makes libjpeg and CharLS grow their buffers without bound
+            f"{codec.syntax_name} {where}: the codestream's frame header gives"
+            f" {width} x {height} x {components}"
+        )
     if height * width * components > codec.rows * codec.columns * codec.samples_per_pixel:
         raise MalformedDicom(
             f"{codec.syntax_name} {where}: the codestream is {width} x {height}"

@@ -256,9 +256,12 @@ def _decoded(
     pixel = decoded_format(codec)
     step.now = "locating the pixels"
     encapsulated = is_compressed(syntax)
-    place: PixelPlace = locate_stored(
-        data, pos, implicit, little, complete, _stored_bytes(codec), encapsulated, object_size
-    )
+    try:
+        place: PixelPlace = locate_stored(
+            data, pos, implicit, little, complete, _stored_bytes(codec), encapsulated, object_size
+        )
+    except MalformedDicom as exc:
+        raise MalformedDicom(f"{codec.syntax_name}: {exc}") from exc
     step.now = "reading the Modality LUT"
     if codec.modality_lut is not None:  # applied by the decoder: its values are final
         rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] = ((1.0,), (0.0,), False)

@@ -77,7 +77,6 @@ EXAMPLES_DECODED: Final = (
     "MR_small_RLE.dcm",  # RLE Lossless
     "JPGExtended.dcm",  # JPEG Extended, 12-bit
     "MR_small_jpeg_ls_lossless.dcm",  # JPEG-LS
-    "emri_small_jpeg_2k_lossless.dcm",  # JPEG 2000, 10 frames
     "MR_small_bigendian.dcm",  # Explicit VR Big Endian
     "examples_palette.dcm",  # PALETTE COLOR, to RGB
     "SC_ybr_full_422_uncompressed.dcm",  # native YBR_FULL_422, to RGB

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 from typing import Any, Final, Literal
 
-import imagecodecs
 import numpy as np
 import numpy.typing as npt
 from PIL import Image
@@ -81,7 +80,7 @@ _HTJ2K: Final[dict[str, dict[str, Any]]] = {
     HTJ2KLosslessRPCL: {
         "reversible": True,
         "tlm": True,
-        "tilepart": imagecodecs.HTJ2K.TILEPART.RESOLUTIONS,
+        "tilepart": "RESOLUTIONS",  # imagecodecs.HTJ2K.TILEPART.RESOLUTIONS
     },
     HTJ2K: {"level": 1e-3, "reversible": False},
 }
@@ -143,6 +142,9 @@ def encode_frame(pixels: npt.NDArray[Any], syntax: str, ds: Dataset) -> bytes:
     Raises:
         ValueError: no encoder here for ``syntax``.
     """
+    if syntax in _JPEG or syntax in _HTJ2K:
+        # imported here: the other syntaxes (and a machine without imagecodecs) need none
+        import imagecodecs
     if syntax in _JPEG:
         unsigned = pixels.astype(np.uint16) & ((1 << ds.BitsStored) - 1)
         options = _JPEG[syntax]
@@ -150,7 +152,9 @@ def encode_frame(pixels: npt.NDArray[Any], syntax: str, ds: Dataset) -> bytes:
     if syntax in _HTJ2K:
         options = _HTJ2K[syntax]
         if syntax == HTJ2KLosslessRPCL:
-            options = {**options, "resolutions": _decompositions(ds.Rows, ds.Columns)}
+            tilepart = getattr(imagecodecs.HTJ2K.TILEPART, options["tilepart"])
+            resolutions = _decompositions(ds.Rows, ds.Columns)
+            options = {**options, "tilepart": tilepart, "resolutions": resolutions}
         return bytes(imagecodecs.htj2k_encode(pixels, **options))
     if syntax not in _PYDICOM:
         raise ValueError(f"no encoder here for {syntax} ({UID(syntax).name})")

@@ -14,7 +14,8 @@ while later groups are still being read or decoded.
 
 Memory: the ring's slots, one frame being split, and at most one more decoded
 group than there are decoding processes, each of at most
-``DECODED_CHUNK_BYTES`` (one frame when a frame is larger).
+``GROUP_BYTES`` of decoded values and of their output (one frame when a frame
+is larger).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy.typing as npt
 from anyio.abc import TaskGroup
 from pydicom.encaps import generate_frames
 
+from ingest.dicom.codec_read import syntax_name
 from ingest.dicom.encapsulated import FrameSplitter, value_ranges
 from ingest.dicom.header import DicomHeader
 from ingest.dicom.syntaxes import EXPLICIT_VR_BE, is_compressed
@@ -38,15 +40,23 @@ from ingest.fetch.digest import SourceDigest
 from ingest.fetch.planning import split_range
 from ingest.pipeline.jobs import Context, Located, Target, decoded_job, object_reads
 
-DECODED_CHUNK_BYTES = 16 * 1024 * 1024  # one device chunk of decoded values
+# A group of frames: one decode task and one device chunk. Its decoded values and its
+# output (float32: four times 8-bit values) each stay within this.
+GROUP_BYTES = 16 * 1024 * 1024
 # Frames decode whole: one larger than these bounds is refused rather than held.
 MAX_DECODED_FRAME_BYTES = 256 * 1024 * 1024
 MAX_FRAME_GROWTH = 4  # a compressed frame may span this many parts
 
 
-def frame_groups(header: DicomHeader) -> list[range]:
-    """Consecutive frames, grouped so each group decodes to at most ``DECODED_CHUNK_BYTES``."""
-    per = max(1, DECODED_CHUNK_BYTES // header.pixel.frame_bytes)
+def frames_per_group(header: DicomHeader, out_itemsize: int = 4) -> int:
+    """Frames a group holds: its decoded values and its output within ``GROUP_BYTES``."""
+    out_frame = header.pixel.frame_elements * out_itemsize
+    return max(1, GROUP_BYTES // max(header.pixel.frame_bytes, out_frame))
+
+
+def frame_groups(header: DicomHeader, out_itemsize: int = 4) -> list[range]:
+    """Consecutive frames in groups of ``frames_per_group``."""
+    per = frames_per_group(header, out_itemsize)
     frames = header.pixel.frames
     return [range(first, min(first + per, frames)) for first in range(0, frames, per)]
 
@@ -98,6 +108,7 @@ async def decode_whole(
     """
     codec = header.codec
     assert codec is not None
+    _check_frame_size(header)
     if is_compressed(codec.transfer_syntax_uid):
         frames = compressed_frames(header, value)
 
@@ -112,7 +123,7 @@ async def decode_whole(
             return lambda: ctx.decoders.native(codec, stored, group.start, len(group))
 
     async def produce(emit: Emit) -> None:
-        for group in frame_groups(header):
+        for group in frame_groups(header, _out_itemsize(ctx)):
             await emit(group, decode(group))
 
     await decode_in_order(ctx, target, header, produce, write)
@@ -137,8 +148,11 @@ async def decode_streamed(
     ranges = value_ranges(header.pixel_offset, None, obj.head.size, part_size)
     # a compressed frame rarely exceeds its decoded size; a part or two is the usual
     bound = max(MAX_FRAME_GROWTH * part_size, 2 * header.pixel.frame_bytes)
-    splitter = FrameSplitter(header.pixel.frames, header.offset_table, max_frame_bytes=bound)
-    per = max(1, DECODED_CHUNK_BYTES // header.pixel.frame_bytes)
+    try:
+        splitter = FrameSplitter(header.pixel.frames, header.offset_table, max_frame_bytes=bound)
+    except (MalformedDicom, LimitExceeded) as exc:  # the Extended Offset Table's checks
+        raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
+    per = frames_per_group(header, _out_itemsize(ctx))
 
     async def produce(emit: Emit) -> None:
         pending: list[bytes] = []
@@ -159,12 +173,12 @@ async def decode_streamed(
                     if hasher.in_order:
                         await anyio.to_thread.run_sync(hasher.update, ranges[index].start, view)
                     if not splitter.done:
-                        pending.extend(splitter.feed(view))
+                        pending.extend(_named(header, splitter.feed, view))
                 finally:
                     slot.release()
                 index += 1
                 await flush(per)
-        pending.extend(splitter.finish())
+        pending.extend(_named(header, splitter.finish))
         await flush(1)
 
     await decode_in_order(ctx, obj.target, header, produce, write)
@@ -197,7 +211,7 @@ async def decode_streamed_native(
     _check_frame_size(header)
     frame_len, part_size = bits // 8, ctx.settings.part_size
     frames, start = header.pixel.frames, header.pixel_offset
-    per = max(1, DECODED_CHUNK_BYTES // header.pixel.frame_bytes)
+    per = frames_per_group(header, _out_itemsize(ctx))
     end = start + frames * frame_len
     ranges = split_range(start, end, part_size) + split_range(end, obj.head.size, part_size)
 
@@ -277,6 +291,22 @@ async def decode_in_order(
         raise failure
 
 
+def _named(header: DicomHeader, step: Callable[..., list[bytes]], *args: object) -> list[bytes]:
+    """``step(*args)`` with its refusal naming the transfer syntax.
+
+    Raises:
+        MalformedDicom, LimitExceeded: what ``step`` raised, the syntax before its message.
+    """
+    try:
+        return step(*args)
+    except (MalformedDicom, LimitExceeded) as exc:
+        raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
+
+
+def _out_itemsize(ctx: Context) -> int:
+    return 2 if ctx.settings.output_dtype == "float16" else 4
+
+
 def _check_frame_size(header: DicomHeader) -> None:
     """Frames decode whole: one larger than ``MAX_DECODED_FRAME_BYTES`` is refused.
 
@@ -285,8 +315,9 @@ def _check_frame_size(header: DicomHeader) -> None:
     """
     if header.pixel.frame_bytes > MAX_DECODED_FRAME_BYTES:
         raise LimitExceeded(
-            f"a decoded frame of {header.pixel.frame_bytes} bytes exceeds"
-            f" {MAX_DECODED_FRAME_BYTES} (frames decode whole)"
+            f"{syntax_name(header.transfer_syntax_uid)}: a decoded frame of"
+            f" {header.pixel.frame_bytes} bytes exceeds {MAX_DECODED_FRAME_BYTES}"
+            " (frames decode whole)"
         )
 
 

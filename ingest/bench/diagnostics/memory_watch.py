@@ -20,7 +20,12 @@ reaches a new peak it reads the process's ``smaps`` and keeps the breakdown:
 
 It prints, per worker, the breakdown at start (first sample), at the peak
 and at the last once-a-second look before it exited, in MiB, and the largest
-mappings at the peak, and writes them to ``OUT.json``.
+mappings at the peak, and writes them to ``OUT.json``. A worker's own child
+processes (the pool that decodes compressed frames) are part of its memory:
+``tree_peak`` is the highest sum of the worker's and their resident sets seen
+in one sample, and ``children_at_tree_peak`` their share of it; ``tree_pss_peak``
+the same sum of proportional set sizes (``smaps_rollup``), which counts a page
+that several of them map (NumPy's and pydicom's libraries) once, not once each.
 """
 
 from __future__ import annotations
@@ -45,6 +50,18 @@ def is_worker(pid: int) -> bool:
             return b"--parent-pid" in f.read()
     except OSError:
         return False
+
+
+def pss_bytes(pid: int) -> int:
+    """The proportional set size of ``pid`` (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def category(name: str, mapped_mib: float) -> str:
@@ -105,6 +122,9 @@ class Watch:
     peak_at: float = 0.0
     end: dict[str, float] = field(default_factory=dict)
     largest_at_peak: list[list[object]] = field(default_factory=list)
+    tree_peak_bytes: int = 0
+    children_at_tree_peak_bytes: int = 0
+    tree_pss_peak_bytes: int = 0
 
 
 def main() -> None:
@@ -127,6 +147,16 @@ def main() -> None:
                     maps = mappings(pid)
                     w.peak_bytes, w.peak, w.peak_at = now, breakdown(maps), time.time()
                     w.largest_at_peak = largest(maps)
+                children = sum(
+                    pid_status_kib(child, "VmRSS") * 1024
+                    for child in process_tree(pid)
+                    if child != pid
+                )
+                if now + children > w.tree_peak_bytes:
+                    w.tree_peak_bytes, w.children_at_tree_peak_bytes = now + children, children
+                w.tree_pss_peak_bytes = max(
+                    w.tree_pss_peak_bytes, sum(pss_bytes(p) for p in process_tree(pid))
+                )
                 if samples % 20 == 0:  # once a second: the last one seen is "end"
                     w.end = breakdown(mappings(pid))
             time.sleep(INTERVAL_S)
@@ -136,6 +166,11 @@ def main() -> None:
         process.wait()
     for pid, w in watched.items():
         print(f"worker {pid}: peak RSS {w.peak_bytes / MiB:.0f} MiB")
+        print(
+            f"  with its child processes: peak {w.tree_peak_bytes / MiB:.0f} MiB"
+            f" (children {w.children_at_tree_peak_bytes / MiB:.0f} MiB then);"
+            f" proportional set sizes: peak {w.tree_pss_peak_bytes / MiB:.0f} MiB"
+        )
         print(f"  start {w.start}\n  peak  {w.peak}\n  end   {w.end}")
         print("  largest mappings at the peak (resident MiB, mapped MiB, name):")
         for row in w.largest_at_peak:
