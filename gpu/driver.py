@@ -108,6 +108,7 @@ _SIGNATURES: dict[str, tuple[list[Any], bool]] = {
     "cuMemFreeHost": ([_p], False),
     "cuMemcpyHtoDAsync_v2": ([_u64, _p, _size, _p], True),
     "cuMemcpyDtoHAsync_v2": ([_p, _u64, _size, _p], True),
+    "cuMemcpyDtoDAsync_v2": ([_u64, _u64, _size, _p], True),
     "cuMemcpy2DAsync_v2": ([ctypes.POINTER(Memcpy2D), _p], True),
     "cuModuleLoadData": ([_pp, ctypes.c_char_p], False),
     "cuModuleGetFunction": ([_pp, _p, ctypes.c_char_p], False),

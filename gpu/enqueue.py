@@ -21,7 +21,7 @@ from gpu.driver import MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Event, Memcpy2D, Stre
 
 
 class Enqueue:
-    """``h2d``, ``h2d_2d``, ``d2h`` and ``record`` on streams; used by the device thread only.
+    """``h2d``, ``h2d_2d``, ``d2h``, ``d2d`` and ``record`` on streams (device thread only).
 
     Raises (every method):
         gpu.driver.CudaError: the driver refused the call (its CUresult in the message).
@@ -54,3 +54,7 @@ class Enqueue:
     def d2h(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
         if nbytes:
             self._lib("cuMemcpyDtoHAsync_v2", dst, src, nbytes, stream.handle)
+
+    def d2d(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
+        if nbytes:
+            self._lib("cuMemcpyDtoDAsync_v2", dst, src, nbytes, stream.handle)

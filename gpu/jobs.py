@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from gpu.decode import DeviceDecodeError, EncodedFrames
 from gpu.formats import PixelFormat, Transform, pitched_frames
 from gpu.preprocess import preprocess_numpy
 
@@ -40,7 +41,9 @@ class ChunkJob:
     resolves, so it may use CuPy on the thread that owns the device; what it
     raises fails that job alone. ``pitch`` > 0: ``data`` holds whole frames, one
     every ``pitch`` bytes (``gpu.formats.pitched_frames``), which the device copy
-    (or the twin) gathers; 0: its samples are contiguous.
+    (or the twin) gathers; 0: its samples are contiguous. ``encoded``: the job's
+    frames as codestreams, decoded on the device (``gpu.decode``; CUDA only) to
+    ``fmt``'s samples, and ``data`` is empty.
     """
 
     data: memoryview
@@ -52,14 +55,18 @@ class ChunkJob:
     want_host: bool = True
     on_result: Callable[[ChunkResult], None] | None = None
     pitch: int = 0
+    encoded: EncodedFrames | None = None
 
     @property
     def sample_nbytes(self) -> int:
-        """The bytes of samples in ``data`` (without what lies between pitched frames).
+        """The bytes of samples in ``data`` (without what lies between pitched frames), or
+        that ``encoded``'s frames decode to.
 
         Raises:
             ValueError: ``data`` is not whole frames at ``pitch``.
         """
+        if self.encoded is not None:
+            return len(self.encoded.frames) * self.fmt.frame_bytes
         if not self.pitch:
             return self.data.nbytes
         return pitched_frames(self.data.nbytes, self.fmt.frame_bytes, self.pitch) * (
@@ -133,7 +140,10 @@ def job_samples(job: ChunkJob) -> npt.NDArray[np.uint8]:
 
     Raises:
         ValueError: ``data`` is not whole frames at ``pitch``.
+        DeviceDecodeError: the job's frames are codestreams.
     """
+    if job.encoded is not None:
+        raise DeviceDecodeError("the CPU backend decodes no codestreams")
     raw = host_bytes(job.data)
     if not job.pitch:
         return raw

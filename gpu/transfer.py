@@ -21,6 +21,9 @@ Facts this module relies on:
 - A host slot may be reused only once the event recorded right after its H2D
   copy has completed: until then the DMA engine may still be reading it. That is
   when ``on_consumed`` is called (on this thread), before the kernel finishes.
+- A job of encoded frames copies nothing: nvImageCodec decodes its frames
+  into the input arena on the same stream before the kernel (``gpu.decode``),
+  and its outcome is that decode's failure when it fails.
 - An arena grows by freeing its block (``cuMemFree`` waits for the device) after
   the last batch was synchronised. A CuPy memory-pool block (a hook's array)
   freed while the stream still uses it is reused only by work on the same
@@ -46,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu import driver, kernel
+from gpu.decode import DeviceDecodeError, NvDecoder
 from gpu.enqueue import Enqueue
 from gpu.formats import pitched_frames
 from gpu.jobs import ChunkJob, ChunkResult, arena_nbytes, consume, host_bytes
@@ -125,6 +129,7 @@ class CudaRunner:
         self._issue = Enqueue()  # copies, events and the launch keep the GIL
         self._pinned_at: dict[int, bool] = {}
         self._arrays: _DeviceArrays | None = None
+        self._decoder: NvDecoder | DeviceDecodeError | None = None
         kernel.compile_kernel(device_index)  # a missing kernel fails start-up, not a batch
 
     def enable_device_arrays(self) -> None:
@@ -143,7 +148,27 @@ class CudaRunner:
     def stats(self) -> dict[str, int | float]:
         return dict(self._stats)
 
+    def _decode(
+        self, jobs: Sequence[ChunkJob], encoded: list[tuple[int, int]]
+    ) -> list[BaseException | None]:
+        """Decode the encoded jobs ``(job index, arena pointer)`` on the stream (``gpu.decode``)."""
+        if self._decoder is None:
+            try:
+                self._decoder = NvDecoder(self._context.device_index, self._stats)
+            except Exception as exc:  # not installed, or it cannot start: the CPU decodes
+                failure = DeviceDecodeError(f"nvImageCodec is unavailable ({exc})")
+                self._decoder = failure
+        if isinstance(self._decoder, DeviceDecodeError):
+            return [self._decoder] * len(encoded)
+        work = []
+        for i, ptr in encoded:
+            frames = jobs[i].encoded
+            assert frames is not None
+            work.append((frames, jobs[i].fmt, ptr))
+        return self._decoder.decode(work, self.stream.handle)
+
     def close(self) -> None:
+        self._decoder = None
         self.stream.synchronize()
         for arena in (self._dev_in, self._dev_out, self._dev_params, self._host_out):
             arena.memory = None
@@ -245,6 +270,10 @@ class CudaRunner:
         )
         for source in sources:
             self._pageable_check(source)
+        encoded = [(i, src_ptrs[k]) for k, (i, _) in enumerate(valid) if jobs[i].encoded]
+        if encoded:  # decoded into the input arena, ahead of the kernel on the stream
+            for (i, _), failure in zip(encoded, self._decode(jobs, encoded), strict=True):
+                outcomes[i] = failure
         # An event on each side of each copy: the copy's own time on the DMA engine,
         # whatever gaps the host leaves between issuing them.
         for k, source in enumerate(sources):
@@ -285,7 +314,8 @@ class CudaRunner:
         ms = driver.elapsed_ms
         kernel_s = ms(h2d[-1], launched) / 1000.0
         for k, (i, plan) in enumerate(valid):
-            self._stats["bytes_h2d"] += plan.n * jobs[i].fmt.itemsize
+            if jobs[i].encoded is None:
+                self._stats["bytes_h2d"] += plan.n * jobs[i].fmt.itemsize
             if outcomes[i] is not None:
                 continue
             host = None

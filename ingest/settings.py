@@ -66,6 +66,8 @@ class Settings:
     sink_parts_in_flight: int = 4  # docs/configuration.md says why (measured)
     # Processes decoding compressed frames (pydicom's plugins hold the GIL); 0: one a core
     decode_processes: int = 0
+    # auto: a CUDA device decodes the frames it can (nvImageCodec), the CPU the rest
+    gpu_decode: Literal["auto", "off"] = "auto"
     worker_id: str = ""
     health_port: int = 0
     health_host: str = "0.0.0.0"  # probes come from outside the container
@@ -199,6 +201,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "part_size": _parse_int("part_size", 64 * 1024, 1024 * MiB),
     "ring_slots": _parse_int("ring_slots", 2, 4096),
     "decode_processes": _parse_int("decode_processes", 0, 1024),
+    "gpu_decode": _parse_choice("gpu_decode", ("auto", "off")),
     "fetch_concurrency": _parse_int("fetch_concurrency", 1, 512),
     "max_objects_in_flight": _parse_int("max_objects_in_flight", 1, 4096),
     "batch_max_objects": _parse_int("batch_max_objects", 1, 1024),

@@ -174,6 +174,7 @@ async def read_json_topic(stack: Stack, topic: str) -> list[dict[str, Any]]:
 class Run:
     outcomes: list[Outcome] = field(default_factory=list)
     ring: RingStats | None = None  # the ring's counters when the last outcome came
+    device: dict[str, int | float] | None = None  # the device thread's, at the same time
 
 
 async def run_worker(settings: Settings, stop_after: int, *, graceful: bool = True) -> Run:
@@ -189,6 +190,7 @@ async def run_worker(settings: Settings, stop_after: int, *, graceful: bool = Tr
         run.outcomes.append(outcome)
         if len(run.outcomes) >= stop_after:
             run.ring = worker._ctx.ring.stats() if worker._ctx else None
+            run.device = worker._ctx.device.thread.stats() if worker._ctx else None
             done.set()
 
     worker = Worker(settings, on_outcome)

@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpu.decode import nvimgcodec_unavailable_reason
 from gpu.thread import cuda_unavailable_reason
 from ingest.embedded.samples import EXAMPLES_DECODED, example_bytes
 from ingest.embedded.samples_slide import write_jpeg_slide
 from ingest.embedded.stack import Stack
 from tests import harness
-from tests.reference import reference_array
+from tests.reference import is_lossy, psnr, reference_array
 from tests.test_worker import aws_environment, corpus
 
 reason = cuda_unavailable_reason()
@@ -78,13 +79,18 @@ async def test_gpu_outputs_equal_the_reference(
     assert {r["backend"] for r in results} == {"cuda"}
 
 
-@pytest.mark.parametrize("part", [64 * 1024, 8 << 20], ids=["ranges-64k", "one-get-8m"])
+@pytest.mark.parametrize(
+    ("part", "gpu_decode"),
+    [(64 * 1024, "auto"), (8 << 20, "auto"), (8 << 20, "off")],
+    ids=["ranges-64k", "one-get-8m", "one-get-8m-cpu-decode"],
+)
 async def test_gpu_decoded_objects_equal_the_reference(
-    stack: Stack, tmp_path: Path, part: int
+    stack: Stack, tmp_path: Path, part: int, gpu_decode: str
 ) -> None:
     """Objects decoded before the device (compressed, big endian, palette, YBR, 1-bit)
-    and a JPEG-tiled slide: decoded frames come from host memory, not the ring, and the
-    outputs are bit-identical to the reference on CUDA as on the CPU."""
+    and a JPEG-tiled slide. Decoded on the CPU, the outputs are bit-identical to the
+    reference; with the device decoding what it can (nvImageCodec), lossless syntaxes
+    are still bit-identical and lossy ones within the lossy bound (40 dB)."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     objects = {f"pydicom/{n}": example_bytes(n) for n in EXAMPLES_DECODED}
@@ -97,18 +103,26 @@ async def test_gpu_decoded_objects_equal_the_reference(
         [harness.aws_notification(names.source_bucket, [k]) for k in objects],
     )
     settings = harness.make_settings(
-        stack, names, device="cuda", part_size=str(part), ring_slots="8"
+        stack, names, device="cuda", part_size=str(part), ring_slots="8", gpu_decode=gpu_decode
     )
     run = await harness.run_worker(settings, stop_after=len(objects))
     assert all(o.processed is not None for o in run.outcomes), [
         (o.ref.key if o.ref else None, o.error) for o in run.outcomes if o.error
     ]
+    on_device = gpu_decode == "auto" and nvimgcodec_unavailable_reason() is None
+    assert run.device is not None
+    assert (run.device.get("device_decoded_frames", 0) > 0) == on_device
     for key, data in objects.items():
         out = harness.load_npy(
             await harness.get_object(
                 stack, names.output_bucket, f"out/{names.source_bucket}/{key}.npy"
             )
         )
-        assert out.tobytes() == reference_array(data, None, "float32").tobytes(), key
+        want = reference_array(data, None, "float32")
+        if on_device and is_lossy(data):
+            assert out.shape == want.shape, key
+            assert psnr(out, want) >= 40.0, key
+        else:
+            assert out.tobytes() == want.tobytes(), key
     results = await harness.read_json_topic(stack, names.results_topic)
     assert {r["backend"] for r in results} == {"cuda"}

@@ -28,6 +28,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from gpu.decode import nvimgcodec_unavailable_reason
 from gpu.jobs import arena_nbytes, consume
 from gpu.thread import ChunkJob, ChunkResult, DeviceThread
 from ingest.errors import ProcessingError
@@ -47,16 +48,21 @@ class _Batch:
 
     def __init__(self, first: _Request) -> None:
         self.requests = [first]
-        self.nbytes = arena_nbytes(first.job.data.nbytes)
+        self.nbytes = _arena_bytes(first.job)
 
     def add(self, request: _Request, max_bytes: int) -> _Request | None:
         """Take ``request``, or give it back when it would take the batch past ``max_bytes``."""
-        nbytes = arena_nbytes(request.job.data.nbytes)
+        nbytes = _arena_bytes(request.job)
         if self.nbytes + nbytes > max_bytes:
             return request
         self.requests.append(request)
         self.nbytes += nbytes
         return None
+
+
+def _arena_bytes(job: ChunkJob) -> int:
+    """What ``job`` takes in the input arena: its bytes, or its frames' decoded bytes."""
+    return arena_nbytes(job.sample_nbytes if job.encoded is not None else job.data.nbytes)
 
 
 class DeviceStage:
@@ -73,6 +79,12 @@ class DeviceStage:
         self._in_flight = anyio.Semaphore(BATCHES_IN_FLIGHT)
         self.batches = 0
         self.jobs = 0
+        # frames go to the device's decoder (gpu.decode) only where it can run
+        self.decodes = (
+            settings.gpu_decode == "auto"
+            and thread.backend == "cuda"
+            and nvimgcodec_unavailable_reason() is None
+        )
 
     @property
     def backend(self) -> str:

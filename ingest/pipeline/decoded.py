@@ -31,14 +31,24 @@ import numpy.typing as npt
 from anyio.abc import TaskGroup
 from pydicom.encaps import generate_frames
 
+from gpu.decode import DeviceDecodeError
+from gpu.thread import ChunkResult
 from ingest.dicom.codec_read import syntax_name
+from ingest.dicom.device_codecs import device_colour
 from ingest.dicom.encapsulated import FrameSplitter, value_ranges
 from ingest.dicom.header import DicomHeader
 from ingest.dicom.syntaxes import EXPLICIT_VR_BE, is_compressed
-from ingest.errors import IngestError, LimitExceeded, MalformedDicom
+from ingest.errors import IngestError, LimitExceeded, MalformedDicom, ProcessingError
 from ingest.fetch.digest import SourceDigest
 from ingest.fetch.planning import split_range
-from ingest.pipeline.jobs import Context, Located, Target, decoded_job, object_reads
+from ingest.pipeline.jobs import (
+    Context,
+    Located,
+    Target,
+    decoded_job,
+    encoded_job,
+    object_reads,
+)
 
 # A group of frames: one decode task and one device chunk. Its decoded values and its
 # output (float32: four times 8-bit values) each stay within this.
@@ -89,11 +99,49 @@ def compressed_frames(header: DicomHeader, value: memoryview) -> list[bytes]:
     return found
 
 
-Decode = Callable[[], Awaitable[npt.NDArray[np.generic]]]  # starts one group's decode
+Decode = Callable[[], Awaitable[npt.NDArray[np.generic]]]  # one group's decode on the CPU
+Step = Callable[[], Awaitable[ChunkResult]]  # one group decoded and preprocessed
 Write = Callable[[npt.NDArray[np.generic] | None], Awaitable[None]]
 
 
-Emit = Callable[[range, Decode], Awaitable[None]]  # hands a group's decode on, in order
+Emit = Callable[[range, Step], Awaitable[None]]  # hands a group's step on, in order
+
+
+def cpu_step(
+    ctx: Context, target: Target, header: DicomHeader, group: range, decode: Decode
+) -> Step:
+    """Decode a group on the CPU (``decode``), then preprocess it on the device stage."""
+
+    async def step() -> ChunkResult:
+        array = np.ascontiguousarray(await decode())
+        first = group.start * header.pixel.frame_elements
+        return await ctx.device.process(decoded_job(ctx, target, header, array, first))
+
+    return step
+
+
+def compressed_step(
+    ctx: Context, target: Target, header: DicomHeader, group: range, frames: list[bytes]
+) -> Step:
+    """A group of codestreams: decoded on the device where it decodes them
+    (``device_codecs``), else, or when the device fails them, on the CPU."""
+    codec = header.codec
+    assert codec is not None
+    on_cpu = cpu_step(
+        ctx, target, header, group, functools.partial(ctx.decoders.encapsulated, codec, frames)
+    )
+    if not ctx.device.decodes or device_colour(codec) is None:
+        return on_cpu
+
+    async def on_device() -> ChunkResult:
+        try:
+            return await ctx.device.process(encoded_job(ctx, target, header, frames, group.start))
+        except ProcessingError as exc:
+            if not isinstance(exc.__cause__, DeviceDecodeError):
+                raise
+        return await on_cpu()  # the CPU decodes it, or names what is wrong with it
+
+    return on_device
 
 
 async def decode_whole(
@@ -112,19 +160,19 @@ async def decode_whole(
     if is_compressed(codec.transfer_syntax_uid):
         frames = compressed_frames(header, value)
 
-        def decode(group: range) -> Decode:
-            part = frames[group.start : group.stop]
-            return lambda: ctx.decoders.encapsulated(codec, part)
+        def step(group: range) -> Step:
+            return compressed_step(ctx, target, header, group, frames[group.start : group.stop])
 
     else:
         stored = bytes(value)
 
-        def decode(group: range) -> Decode:
-            return lambda: ctx.decoders.native(codec, stored, group.start, len(group))
+        def step(group: range) -> Step:
+            decode = functools.partial(ctx.decoders.native, codec, stored, group.start, len(group))
+            return cpu_step(ctx, target, header, group, decode)
 
     async def produce(emit: Emit) -> None:
         for group in frame_groups(header, _out_itemsize(ctx)):
-            await emit(group, decode(group))
+            await emit(group, step(group))
 
     await decode_in_order(ctx, target, header, produce, write)
 
@@ -164,7 +212,7 @@ async def decode_streamed(
                 part, pending = pending[:per], pending[per:]
                 group = range(first, first + len(part))
                 first = group.stop
-                await emit(group, functools.partial(ctx.decoders.encapsulated, codec, part))
+                await emit(group, compressed_step(ctx, obj.target, header, group, part))
 
         async with object_reads(ctx, obj, ranges, hasher) as reads:
             index = 0
@@ -234,7 +282,8 @@ async def decode_streamed_native(
                     data = bytes(buffer[: count * frame_len])
                     del buffer[: count * frame_len]
                     decode = functools.partial(ctx.decoders.native, codec, data, 0, count)
-                    await emit(range(first, first + count), decode)
+                    group = range(first, first + count)
+                    await emit(group, cpu_step(ctx, obj.target, header, group, decode))
                     first += count
 
     await decode_in_order(ctx, obj.target, header, produce, write)
@@ -247,9 +296,8 @@ async def decode_in_order(
     produce: Callable[[Emit], Awaitable[None]],
     write: Write,
 ) -> None:
-    """Start each group's decode as ``produce`` emits it, one more at a time than there
-    are decoding processes; take the results in frame order through the device to
-    ``write``.
+    """Start each group's step (decode and device) as ``produce`` emits it, one more at a
+    time than there are decoding processes; take the results to ``write`` in frame order.
 
     Raises:
         IngestError: from ``produce``, a decode, the device or ``write``.
@@ -258,10 +306,10 @@ async def decode_in_order(
     send, receive = anyio.create_memory_object_stream[tuple[range, _Pending]](math.inf)
 
     async def run_producer(tg: TaskGroup) -> None:
-        async def emit(group: range, decode: Decode) -> None:
+        async def emit(group: range, step: Step) -> None:
             await limiter.acquire()
             pending = _Pending()
-            tg.start_soon(pending.run, decode)
+            tg.start_soon(pending.run, step)
             await send.send((group, pending))
 
         async with send:
@@ -273,12 +321,10 @@ async def decode_in_order(
             tg.start_soon(run_producer, tg)
             try:
                 async with receive:
-                    async for group, pending in receive:
-                        array = await pending.result()
+                    async for _, pending in receive:
+                        result = await pending.result()
                         limiter.release()
-                        first = group.start * header.pixel.frame_elements
-                        job = decoded_job(ctx, target, header, np.ascontiguousarray(array), first)
-                        await write((await ctx.device.process(job)).host)
+                        await write(result.host)
             except Exception as exc:  # this task's error leaves as it is, not grouped
                 failure = exc
                 tg.cancel_scope.cancel()
@@ -322,21 +368,21 @@ def _check_frame_size(header: DicomHeader) -> None:
 
 
 class _Pending:
-    """One group's decode, started in the task group, its result taken in order."""
+    """One group's step, started in the task group, its result taken in order."""
 
     def __init__(self) -> None:
         self._done = anyio.Event()
-        self._value: npt.NDArray[np.generic] | IngestError | None = None
+        self._value: ChunkResult | IngestError | None = None
 
-    async def run(self, decode: Decode) -> None:
+    async def run(self, step: Step) -> None:
         try:
-            self._value = await decode()
+            self._value = await step()
         except IngestError as exc:
             self._value = exc
         finally:
             self._done.set()
 
-    async def result(self) -> npt.NDArray[np.generic]:
+    async def result(self) -> ChunkResult:
         await self._done.wait()
         value = self._value
         if isinstance(value, IngestError):

@@ -16,9 +16,11 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
+from gpu.decode import EncodedFrames
 from gpu.thread import ChunkJob, ChunkResult
 from ingest.device.stage import DeviceStage
 from ingest.dicom.decoders import DecodePool
+from ingest.dicom.device_codecs import device_colour, device_format
 from ingest.dicom.fragments import ITEM_HEADER, check_items, chunk_fragments
 from ingest.dicom.parse import DicomHeader
 from ingest.fetch.digest import Digests, SourceDigest
@@ -151,6 +153,22 @@ def decoded_job(
     layout) starting at sample ``first_element``."""
     data = array.reshape(-1).view(np.uint8).data
     return _job(ctx, ref, header, data, first_element, array.size)
+
+
+def encoded_job(
+    ctx: Context, ref: Target, header: DicomHeader, frames: list[bytes], first_frame: int
+) -> ChunkJob:
+    """The device job that decodes ``frames`` (codestreams, from frame ``first_frame`` on)
+    on the device and preprocesses them (``gpu.decode``); the caller checked
+    ``device_colour``."""
+    codec = header.codec
+    assert codec is not None
+    colour = device_colour(codec)
+    assert colour is not None
+    fmt = device_format(codec, len(frames))
+    first = first_frame * fmt.frame_elements
+    job = _job(ctx, ref, header, memoryview(b""), first, len(frames) * fmt.frame_elements)
+    return dataclasses.replace(job, fmt=fmt, encoded=EncodedFrames(tuple(frames), colour))
 
 
 def _job(

@@ -1,0 +1,78 @@
+"""Which compressed objects the device decodes (nvImageCodec), and in what layout.
+
+The device decodes a frame only where its result is the CPU path's
+(``ingest.dicom.codec``: pydicom's ``pixel_array``): exactly for the lossless
+syntaxes, within the lossy bound for the others (``tests/test_gpu_decode.py``
+checks both on the device). Measured with nvImageCodec 0.9 on an H100, over
+pydicom's and this project's compressed samples:
+
+- JPEG Baseline: monochrome, and YBR_FULL / YBR_FULL_422 converted to RGB (as
+  pydicom converts them). A JPEG labelled RGB is not sent: pydicom reads its
+  codestream's markers to decide whether it holds YCbCr, which nvImageCodec
+  does not do the same way.
+- JPEG Lossless SV1 (the first-order predictor nvJPEG implements); JPEG
+  Lossless with another predictor, JPEG Extended (12-bit), JPEG-LS and RLE
+  have no device decoder.
+- JPEG 2000 and HTJ2K: monochrome, RGB as stored, YBR_ICT / YBR_RCT converted
+  to RGB (the codestream's own component transform, as pydicom does).
+
+Palette colour and the Modality LUT Sequence are table look-ups pydicom applies
+after decoding: those objects stay on the CPU path. The device output is the
+decoded sample in 8 or 16 bits; Bits Stored masking and sign extension are the
+kernel's, as for stored samples (``gpu.formats.PixelFormat``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gpu.decode import Colour
+from gpu.formats import PixelFormat
+from ingest.dicom.codec_read import Codec
+
+JPEG_BASELINE: Final = "1.2.840.10008.1.2.4.50"
+JPEG_LOSSLESS_SV1: Final = "1.2.840.10008.1.2.4.70"
+J2K: Final = frozenset(
+    {
+        "1.2.840.10008.1.2.4.90",
+        "1.2.840.10008.1.2.4.91",
+        "1.2.840.10008.1.2.4.201",
+        "1.2.840.10008.1.2.4.202",
+        "1.2.840.10008.1.2.4.203",
+    }
+)
+DEVICE_SYNTAXES: Final = frozenset({JPEG_BASELINE, JPEG_LOSSLESS_SV1, *J2K})
+_MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
+
+
+def device_colour(codec: Codec) -> Colour | None:
+    """The conversion the device applies to ``codec``'s frames, or None: CPU only."""
+    uid, photometric = codec.transfer_syntax_uid, codec.photometric_interpretation
+    if uid not in DEVICE_SYNTAXES or codec.palette is not None or codec.modality_lut is not None:
+        return None
+    if codec.bits_allocated not in (8, 16):
+        return None
+    if photometric in _MONOCHROME:
+        return "unchanged"
+    if uid == JPEG_BASELINE and photometric in ("YBR_FULL", "YBR_FULL_422"):
+        return "rgb"
+    if uid in J2K and photometric in ("YBR_ICT", "YBR_RCT"):
+        return "rgb"
+    if uid in J2K and photometric == "RGB":
+        return "unchanged"
+    return None
+
+
+def device_format(codec: Codec, frames: int) -> PixelFormat:
+    """The layout the device decodes ``frames`` frames to: interleaved samples of Bits
+    Allocated, with the header's Bits Stored and sign for the kernel."""
+    return PixelFormat(
+        rows=codec.rows,
+        columns=codec.columns,
+        frames=frames,
+        samples=codec.samples_per_pixel,
+        bits_allocated=codec.bits_allocated,
+        bits_stored=codec.bits_stored,
+        signed=codec.pixel_representation == 1,
+        planar=False,
+    )
