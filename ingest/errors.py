@@ -22,6 +22,7 @@ place each (``fetch.translate_s3_error``, ``dicom.parse_header``), always with
     │   ├── NotDicom                 no DICOM preamble/meta, unparseable
     │   ├── MalformedDicom           lengths or sizes that lie
     │   └── UnsupportedDicom         a valid file we do not handle (yet)
+    │       └── DeflatedDataSet      parse_header's word for a Deflated object: inflate first
     ├── LimitExceeded                the input asks for more than our bounds allow
     ├── ProcessingError              the GPU/CPU preprocessing stage failed
     ├── SinkError                    writing outputs / results        (retriable)
@@ -113,6 +114,21 @@ class UnsupportedDicom(DicomError):
     """Valid DICOM that this version does not process (e.g. a compressed syntax)."""
 
     reason = "unsupported_dicom"
+
+
+class DeflatedDataSet(UnsupportedDicom):
+    """A Deflated Explicit VR Little Endian object, told apart by ``parse_header`` from its
+    file meta: the stored bytes from ``data_set_offset`` on are one deflate stream, which
+    that parser of stored bytes does not read. ``ingest/pipeline/inflated.py`` inflates
+    them and reads the header of what comes out; a caller that does not inflate
+    dead-letters the object as unsupported."""
+
+    def __init__(self, message: str, data_set_offset: int) -> None:
+        super().__init__(message)
+        self.data_set_offset = data_set_offset
+
+    def __reduce__(self) -> tuple[type[DeflatedDataSet], tuple[str, int]]:
+        return type(self), (str(self), self.data_set_offset)  # picklable with its offset
 
 
 class LimitExceeded(IngestError):

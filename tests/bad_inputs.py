@@ -59,8 +59,8 @@ from ingest.errors import (
 )
 from ingest.pipeline.decoded import (
     MAX_FRAME_GROWTH,
-    _check_frame_size,
     _named,
+    check_frame_size,
     compressed_frames,
     frame_groups,
 )
@@ -454,14 +454,12 @@ DECODED_SAMPLES: Final = (
     "MR_small_jpeg_ls_lossless.dcm",
     "MR_small_bigendian.dcm",
     "examples_palette.dcm",
+    "image_dfl.dcm",  # Deflated: inflated as it is read (bad ones: ``deflated_cases``)
 )
 
 
 def _unsupported() -> Iterator[BadObject]:
-    for name in (
-        "image_dfl.dcm",  # deflated: must be refused without inflating
-        "test-SR.dcm",  # no Pixel Data at all
-    ):
+    for name in ("test-SR.dcm",):  # no Pixel Data at all
         yield BadObject(
             f"pydicom-{name}", "unsupported", samples.example_bytes(name), UnsupportedDicom
         )
@@ -469,6 +467,131 @@ def _unsupported() -> Iterator[BadObject]:
     at = pixel_tag_at(small)
     floats = small[:at] + struct.pack("<HH2sHI", 0x7FE0, 0x0008, b"OF", 0, 8) + bytes(8)
     yield BadObject("float-pixel-data", "unsupported", floats, UnsupportedDicom)
+
+
+# -- deflated objects ------------------------------------------------------------------
+#
+# Deflated Explicit VR Little Endian: the data set after the file meta is one raw deflate
+# stream (``deflate_file`` writes one as pydicom does, from pieces, so a data set of
+# hundreds of MiB of zeros is never held). The worker reads such an object in order and
+# inflates it a step at a time (``ingest/pipeline/inflated.py``); these are what it must
+# refuse, naming the syntax, in bounded memory and time, and what it must process.
+
+DEFLATED: Final = "1.2.840.10008.1.2.1.99"
+BOMB_BYTES: Final = 64 * MIB  # zeros inflated from ~65 KB
+_ZEROS: Final = bytes(MIB)
+
+
+def zeros(size: int) -> Iterator[bytes]:
+    """``size`` zero bytes, a MiB at a time (the same MiB object each time)."""
+    whole, rest = divmod(size, MIB)
+    for _ in range(whole):
+        yield _ZEROS
+    if rest:
+        yield bytes(rest)
+
+
+def meta_end(data: bytes) -> int:
+    """Where the data set starts: after the file meta, by its Group Length (0002,0000)."""
+    return 144 + int(struct.unpack_from("<I", data, 140)[0])
+
+
+def deflate_file(data: bytes, data_set: Sequence[bytes] | Iterator[bytes] | None = None) -> bytes:
+    """``data`` (Explicit VR Little Endian, with a file meta Group Length) as Deflated
+    Explicit VR Little Endian: its file meta naming that syntax, then the raw deflate
+    stream of its data set (or of ``data_set``, deflated piece by piece), padded to even
+    as pydicom pads it."""
+    end = meta_end(data)
+    meta = data[132:end]
+    at = meta.index(b"\x02\x00\x10\x00UI")
+    old = struct.unpack_from("<H", meta, at + 6)[0]
+    uid = DEFLATED.encode()  # 22 bytes: even
+    meta = meta[: at + 6] + struct.pack("<H", len(uid)) + uid + meta[at + 8 + old :]
+    meta = meta[:8] + struct.pack("<I", len(meta) - 12) + meta[12:]
+    deflater = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    stream = bytearray()
+    for piece in [data[end:]] if data_set is None else data_set:
+        stream += deflater.compress(piece)
+    stream += deflater.flush()
+    if len(stream) % 2:
+        stream += b"\0"
+    return data[:132] + meta + bytes(stream)
+
+
+def noisy_large() -> bytes:
+    """``large_base`` with random 16-bit samples (Bits Stored 12: pydicom masks them): ~300
+    KB that deflate barely shrinks, so the Deflated object is read in ranges."""
+    data = large_base()
+    value = pixel_tag_at(data) + 12
+    length = int(struct.unpack_from("<I", data, value - 4)[0])
+    noise = np.random.default_rng(99).bytes(length)
+    return data[:value] + noise + data[value + length :]
+
+
+def _first_failing_flip(data: bytes, start: int) -> bytes:
+    """``data`` with one stream byte inverted, the first from ``start`` on that zlib refuses."""
+    body = meta_end(data)
+    for at in range(start, len(data)):
+        flipped = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+        try:
+            zlib.decompress(flipped[body:], -zlib.MAX_WBITS)
+        except zlib.error:
+            return flipped
+    raise AssertionError("no flip that zlib refuses")
+
+
+@functools.cache
+def deflated_goods() -> tuple[tuple[str, bytes], ...]:
+    """Deflated objects that must be processed: one GET and ranged, and one whose 64 MiB
+    of trailing padding inflates from ~65 KB (inflated, thrown away, in bounded memory)."""
+    ct, noisy = ct_small(), noisy_large()
+    trailer = struct.pack("<HH2sHI", 0xFFFC, 0xFFFC, b"OB", 0, BOMB_BYTES)
+    padded_bomb = deflate_file(ct, [ct[meta_end(ct) :], trailer, *zeros(BOMB_BYTES)])
+    return (
+        ("ct-small", deflate_file(ct)),
+        ("ranged-multiframe-noise", deflate_file(noisy)),
+        ("multiframe-per-frame-rescale", deflate_file(large_base())),
+        ("padding-bomb", padded_bomb),
+    )
+
+
+@functools.cache
+def deflated_cases() -> tuple[BadObject, ...]:
+    """Deflated objects the worker must refuse, naming the syntax: cut, corrupt, trailed by
+    garbage, bombs (a header that inflates past ``MAX_HEADER_BYTES``, Pixel Data that the
+    stored stream could never inflate to), a data set that ends inside its Pixel Data or
+    before its Pixel Data element's length, file meta elements inside the data set."""
+    ct, noisy = ct_small(), noisy_large()
+    small, big = deflate_file(ct), deflate_file(noisy)
+    body = meta_end(small)
+    at, value = pixel_tag_at(ct), pixel_tag_at(ct) + 12
+    block = small[body] | 0b110  # BTYPE 11: a reserved block type
+    header_bomb = [ct[meta_end(ct) : at], private_ob(0)[:-8]]  # the creator; then its OB
+    header_bomb += [struct.pack("<HH2sHI", 0x0099, 0x1000, b"OB", 0, BOMB_BYTES)]
+    header_bomb += [*zeros(BOMB_BYTES), ct[at:]]
+    frames = 100_000  # 2.46 GB of Pixel Data declared, its element's length agreeing
+    lying = edit(noisy, NumberOfFrames=frames, PerFrameFunctionalGroupsSequence=None)
+    lying = set_pixel_length(lying, frames * 128 * 96 * 2)
+    cases = [
+        ("deflated-cut-in-stream", small[: len(small) // 2]),
+        ("deflated-cut-in-header", small[: body + 200]),
+        ("ranged-deflated-cut-in-stream", big[: len(big) * 2 // 3]),
+        ("deflated-corrupt-block-type", small[:body] + bytes([block]) + small[body + 1 :]),
+        ("deflated-corrupt-mid-stream", _first_failing_flip(small, len(small) // 3)),
+        ("ranged-deflated-corrupt", _first_failing_flip(big, len(big) // 2)),
+        ("deflated-trailing-garbage", small + b"trailing garbage after the stream!"),
+        ("deflated-data-set-cut-in-pixels", deflate_file(ct[: value + 1000])),
+        ("ranged-deflated-data-set-cut-in-pixels", deflate_file(noisy[:200_000])),
+        ("ranged-deflated-pixel-length-past-end", deflate_file(set_pixel_length(noisy, 400_000))),
+        ("deflated-meta-in-data-set", deflate_file(ct, [ct[144:body], ct[body:]])),
+        ("deflated-declares-2-gb", deflate_file(lying)),
+    ]
+    out = [BadObject(name, "deflated", data, MalformedDicom, DEFLATED) for name, data in cases]
+    # the object ends where its file meta does: the parser finds that before the syntax
+    out.append(BadObject("deflated-cut-after-meta", "deflated", small[:body], MalformedDicom))
+    bomb = deflate_file(ct, header_bomb)
+    out.append(BadObject("deflated-header-bomb", "deflated", bomb, LimitExceeded, DEFLATED))
+    return tuple(out)
 
 
 # -- compressed objects: every syntax the worker decodes, broken ----------------------
@@ -891,7 +1014,7 @@ def decode_as_worker(data: bytes) -> npt.NDArray[Any] | None:
             raise MalformedDicom("the header does not end inside the object")
         if header.codec is None or not is_compressed(header.codec.transfer_syntax_uid):
             return None
-        _check_frame_size(header)
+        check_frame_size(header)
         end = header.pixel_offset + header.pixel_length
         frames = compressed_frames(header, memoryview(data)[header.pixel_offset : end])
         return _decode_groups(header, frames)
@@ -911,7 +1034,7 @@ def decode_as_worker(data: bytes) -> npt.NDArray[Any] | None:
     header = parsed
     if header.codec is None or not is_compressed(header.codec.transfer_syntax_uid):
         return None
-    _check_frame_size(header)
+    check_frame_size(header)
     ranges = value_ranges(header.pixel_offset, None, size, PART_SIZE)
     bound = max(MAX_FRAME_GROWTH * PART_SIZE, 2 * header.pixel.frame_bytes)
     try:
@@ -956,6 +1079,7 @@ def bad_objects() -> list[BadObject]:
         *_nested(),
         *_limits(),
         *_unsupported(),
+        *deflated_cases(),
         *_compressed(),
     ]
     names = [item.name for item in corpus]
@@ -997,6 +1121,7 @@ def good_objects() -> list[GoodObject]:
     out += [
         GoodObject(f"good/pydicom/{name}", samples.example_bytes(name)) for name in DECODED_SAMPLES
     ]
+    out += [GoodObject(f"good/deflated/{name}.dcm", data) for name, data in deflated_goods()]
     # the compressed bases, and their mutants that decode (to what pydicom's pixel_array gives)
     out += [GoodObject(f"good/compressed/{b.name}.dcm", b.write()) for b in compressed_bases()]
     out += [

@@ -24,6 +24,7 @@ from ingest.dicom.codec import conversions
 from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
 from ingest.embedded import samples
 from ingest.errors import (
+    DeflatedDataSet,
     DicomError,
     LimitExceeded,
     MalformedDicom,
@@ -250,7 +251,6 @@ def test_not_dicom(data: bytes, kind: type[Exception]) -> None:
 @pytest.mark.parametrize(
     ("name", "kind", "match"),
     [
-        ("image_dfl.dcm", UnsupportedDicom, "Deflated Explicit VR Little Endian"),
         ("test-SR.dcm", UnsupportedDicom, "no Pixel Data"),
         ("MR_truncated.dcm", MalformedDicom, "truncated"),
         ("badVR.dcm", MalformedDicom, "NumberOfFrames"),
@@ -261,6 +261,18 @@ def test_not_dicom(data: bytes, kind: type[Exception]) -> None:
 )
 def test_pydicom_examples_we_refuse(name: str, kind: type[Exception], match: str) -> None:
     raises(samples.example_bytes(name), kind, match)
+
+
+def test_a_deflated_object_is_told_apart_not_inflated() -> None:
+    """The parser of stored bytes does not read a Deflated data set: it says where the
+    stream starts (``ingest.dicom.deflate`` inflates it; tests/test_deflated.py), and a
+    caller that does not inflate takes that for unsupported."""
+    data = samples.example_bytes("image_dfl.dcm")
+    with pytest.raises(DeflatedDataSet, match="Deflated Explicit VR Little Endian") as told:
+        parse_header(data, len(data))
+    assert isinstance(told.value, UnsupportedDicom)
+    assert told.value.data_set_offset == 334  # the end of its file meta
+    assert parse_header(data[:200], len(data)) == NeedMoreBytes(at_least=len(data))
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,12 @@ the tag/VR/length it has just read before it stops), and the 8-byte implicit or
 12-byte explicit OB/OW element header is read here. Only uncompressed
 little-endian Pixel Data is handled: native, or Encapsulated Uncompressed (one
 frame a fragment, located after its Basic Offset Table: ``ingest.dicom.fragments``);
-other transfer syntaxes are refused from the file meta alone, so a Deflated
-object is never inflated here. The Modality LUT (rescale values, per frame
-where the file has them) is ``rescale``'s.
+what else pydicom decodes gets a ``Codec``; other transfer syntaxes are refused
+from the file meta alone. A Deflated object is told apart by its file meta
+(``DeflatedDataSet``) and never inflated here: ``ingest.dicom.deflate`` inflates
+its data set a bounded step at a time and hands the inflated bytes back
+(``inflated=True``). The Modality LUT (rescale values, per frame where the file
+has them) is ``rescale``'s.
 ``parse_header`` is the one place where foreign exceptions become
 ``ingest.errors``; messages carry element names and numbers, never values that
 could be patient data.
@@ -58,7 +61,13 @@ from ingest.dicom.syntaxes import (
     READABLE,
     is_compressed,
 )
-from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
+from ingest.errors import (
+    DeflatedDataSet,
+    LimitExceeded,
+    MalformedDicom,
+    NotDicom,
+    UnsupportedDicom,
+)
 
 __all__ = ["DicomHeader", "NeedMoreBytes", "parse_header"]
 
@@ -115,6 +124,7 @@ def parse_header(
     max_header_bytes: int = 16 * _MIB,
     max_pixel_bytes: int = 64 * 1024 * _MIB,
     per_frame: bool = True,
+    inflated: bool = False,
 ) -> DicomHeader | NeedMoreBytes:
     """Parse the header in ``prefix`` (the object's first bytes) and locate its Pixel Data.
 
@@ -125,8 +135,17 @@ def parse_header(
     ~13 ms: ``python -m ingest.bench.diagnostics.header_cost``), and the same prefix parsed again in
     full gives the rescale values.
 
+    ``inflated``: ``prefix`` is a Deflated object's data set, inflated, behind a
+    file meta naming Explicit VR Little Endian (the encoding pydicom reads an
+    inflated data set in; ``ingest.dicom.deflate.inflated_header`` builds it), and
+    ``object_size`` its size (larger while the stream has not ended): the header is
+    Deflated Explicit VR Little Endian's, its Pixel Data decoded by a ``Codec`` (it
+    is native once inflated), its offsets those of the bytes given.
+
     Raises:
         NotDicom: the bytes are not DICOM (or, without 'DICM', not a DICOM image).
+        DeflatedDataSet: a Deflated object (not ``inflated``): its data set, from
+            ``data_set_offset`` on, must be inflated before it is read.
         UnsupportedDicom: a transfer syntax, photometric interpretation, bit depth,
             Modality LUT Sequence ... this version does not process; no Pixel Data.
         MalformedDicom: the header contradicts itself or the object's size.
@@ -137,7 +156,7 @@ def parse_header(
     data = bytes(prefix)
     if object_size < len(data):
         raise ValueError(f"object_size {object_size} is smaller than the prefix ({len(data)})")
-    plain = read_plain_header(data, object_size, max_pixel_bytes)
+    plain = None if inflated else read_plain_header(data, object_size, max_pixel_bytes)
     if plain is not None:  # a tenth of pydicom's time, and no lock
         return plain
     has_dicm = data[128:132] == b"DICM"
@@ -146,7 +165,7 @@ def parse_header(
         warnings.simplefilter("ignore")
         _quiet.on = True
         try:
-            return _parse(data, object_size, has_dicm, max_pixel_bytes, per_frame, step)
+            return _parse(data, object_size, has_dicm, max_pixel_bytes, per_frame, step, inflated)
         except ShortPrefix as short:
             if len(data) >= max_header_bytes:
                 raise LimitExceeded(f"DICOM header larger than {max_header_bytes} bytes") from None
@@ -174,6 +193,7 @@ def _parse(
     max_pixel_bytes: int,
     per_frame: bool,
     step: _Step,
+    inflated: bool,
 ) -> DicomHeader:
     complete = len(data) == object_size
     if not has_dicm:
@@ -214,6 +234,8 @@ def _parse(
     step.now = "reading the image elements"
     implicit, little = _encoding(ds, has_dicm)
     chosen = syntax or (IMPLICIT_VR_LE if implicit else EXPLICIT_VR_LE)
+    if inflated:  # read as pydicom reads an inflated data set; decoded as Deflated
+        chosen = DEFLATED_LE
     if not little and chosen != EXPLICIT_VR_BE:
         raise UnsupportedDicom("a big endian data set without the Explicit VR Big Endian syntax")
     if needs_codec(
@@ -303,7 +325,12 @@ def _starts_with_element(data: bytes, object_size: int) -> bool:
 
 
 def _meta_transfer_syntax(data: bytes, has_dicm: bool, complete: bool) -> str | None:
-    """The file meta's Transfer Syntax UID, refusing all but the native LE syntaxes."""
+    """The file meta's Transfer Syntax UID, refusing what the header reader does not read.
+
+    Raises:
+        DeflatedDataSet: the syntax is Deflated; the data set starts where the meta ends.
+        UnsupportedDicom: a syntax with no decoder.
+    """
     start = 132 if has_dicm else 0
     if data[start : start + 2] != b"\x02\x00":
         return None  # no file meta: pydicom guesses the encoding from the data set
@@ -324,15 +351,16 @@ def _meta_transfer_syntax(data: bytes, has_dicm: bool, complete: bool) -> str | 
     if not isinstance(value, str):
         raise MalformedDicom("Transfer Syntax UID is not a single UID")
     syntax = str(value)
-    if syntax not in READABLE:
-        # only a well-formed UID is echoed: these bytes could be anything
-        shown = f"{syntax} ({UID(syntax).name})" if _UID_RE.fullmatch(syntax) else "(not a UID)"
-        why = (
-            "a deflated data set is inflated whole, which is not done in bounded memory yet"
-            if syntax == DEFLATED_LE
-            else "no decoder for it is installed"
+    # only a well-formed UID is echoed: these bytes could be anything
+    shown = f"{syntax} ({UID(syntax).name})" if _UID_RE.fullmatch(syntax) else "(not a UID)"
+    if syntax == DEFLATED_LE:  # pydicom would inflate the whole data set: never here
+        raise DeflatedDataSet(
+            f"transfer syntax {shown}: its data set is inflated first", src.tell()
         )
-        raise UnsupportedDicom(f"transfer syntax {shown} is not supported: {why}")
+    if syntax not in READABLE:
+        raise UnsupportedDicom(
+            f"transfer syntax {shown} is not supported: no decoder for it is installed"
+        )
     return syntax
 
 

@@ -3,9 +3,11 @@
 Native little endian Pixel Data (Implicit, Explicit, Encapsulated Uncompressed)
 goes to the device straight from the ring. Every other syntax here is decoded
 first, by pydicom's decoders (``ingest/dicom/codec.py``): the compressed ones
-frame by frame from their fragments, big endian from its native bytes. A
-syntax not listed (video, JPIP references, deflated image frames) is refused
-with its name.
+frame by frame from their fragments, big endian from its native bytes.
+Deflated Explicit VR Little Endian is not read from its stored bytes: its data
+set is inflated first (``ingest/dicom/deflate.py``), then its native Pixel Data
+decoded as big endian's is. A syntax not listed (video, JPIP references,
+deflated image frames) is refused with its name.
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ COMPRESSED: Final = {
     "1.2.840.10008.1.2.4.203": "htj2k",
 }
 
-# Everything the header reader accepts; deflated data sets are inflated as a whole,
-# which this version does not do in bounded memory yet, so they are refused by name.
+# Everything the header reader reads from stored bytes (Deflated: once inflated)
 READABLE: Final = NATIVE_LE | {EXPLICIT_VR_BE} | frozenset(COMPRESSED)
 
 

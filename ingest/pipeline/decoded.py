@@ -156,7 +156,7 @@ async def decode_whole(
     """
     codec = header.codec
     assert codec is not None
-    _check_frame_size(header)
+    check_frame_size(header)
     if is_compressed(codec.transfer_syntax_uid):
         frames = compressed_frames(header, value)
 
@@ -171,7 +171,7 @@ async def decode_whole(
             return cpu_step(ctx, target, header, group, decode)
 
     async def produce(emit: Emit) -> None:
-        for group in frame_groups(header, _out_itemsize(ctx)):
+        for group in frame_groups(header, out_itemsize(ctx)):
             await emit(group, step(group))
 
     await decode_in_order(ctx, target, header, produce, write)
@@ -191,7 +191,7 @@ async def decode_streamed(
     """
     codec = header.codec
     assert codec is not None
-    _check_frame_size(header)
+    check_frame_size(header)
     part_size = ctx.settings.part_size
     ranges = value_ranges(header.pixel_offset, None, obj.head.size, part_size)
     # a compressed frame rarely exceeds its decoded size; a part or two is the usual
@@ -200,7 +200,7 @@ async def decode_streamed(
         splitter = FrameSplitter(header.pixel.frames, header.offset_table, max_frame_bytes=bound)
     except (MalformedDicom, LimitExceeded) as exc:  # the Extended Offset Table's checks
         raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
-    per = frames_per_group(header, _out_itemsize(ctx))
+    per = frames_per_group(header, out_itemsize(ctx))
 
     async def produce(emit: Emit) -> None:
         pending: list[bytes] = []
@@ -256,10 +256,10 @@ async def decode_streamed_native(
             "frames that do not start on a byte (or a word, 8-bit big endian OW) are decoded"
             " only from objects that fit one part (DICOM_INGEST_PART_SIZE)"
         )
-    _check_frame_size(header)
+    check_frame_size(header)
     frame_len, part_size = bits // 8, ctx.settings.part_size
     frames, start = header.pixel.frames, header.pixel_offset
-    per = frames_per_group(header, _out_itemsize(ctx))
+    per = frames_per_group(header, out_itemsize(ctx))
     end = start + frames * frame_len
     ranges = split_range(start, end, part_size) + split_range(end, obj.head.size, part_size)
 
@@ -349,11 +349,11 @@ def _named(header: DicomHeader, step: Callable[..., list[bytes]], *args: object)
         raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
 
 
-def _out_itemsize(ctx: Context) -> int:
+def out_itemsize(ctx: Context) -> int:
     return 2 if ctx.settings.output_dtype == "float16" else 4
 
 
-def _check_frame_size(header: DicomHeader) -> None:
+def check_frame_size(header: DicomHeader) -> None:
     """Frames decode whole: one larger than ``MAX_DECODED_FRAME_BYTES`` is refused.
 
     Raises:

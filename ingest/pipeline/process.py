@@ -12,6 +12,9 @@ true size and ETag. Then one of two paths:
 * large: ``ingest/pipeline/large.py`` parses the header's layout from the probe
   and reads the Pixel Data in chunks, each to the device as soon as it is read.
 
+A Deflated object (the parser says ``DeflatedDataSet``) is read in order from
+its start and inflated as it arrives, on either path (``ingest/pipeline/inflated.py``).
+
 What the two paths share (the services, the device plan and jobs) is in
 ``ingest/pipeline/jobs.py``.
 """
@@ -24,11 +27,12 @@ from dataclasses import dataclass
 
 from ingest.dicom.fragments import ITEM_HEADER
 from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
-from ingest.errors import MalformedDicom, NotDicom, ObjectChanged
+from ingest.errors import DeflatedDataSet, MalformedDicom, NotDicom, ObjectChanged
 from ingest.fetch.digest import Digests, SourceDigest
 from ingest.fetch.planning import first_read
 from ingest.fetch.ring import Slot
 from ingest.pipeline.decoded import decode_whole
+from ingest.pipeline.inflated import inflate_ranged, inflate_whole
 from ingest.pipeline.jobs import Context, Done, Located, chunk_job, pixel_chunks
 from ingest.pipeline.large import read_header, read_large
 from ingest.settings import Settings
@@ -62,6 +66,7 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     first = first_read(expected, ctx.settings.part_size, ctx.settings.max_header_bytes)
     npy_key, json_key = output_keys(ctx.settings, ref.bucket, ref.key)
     slot = await ctx.ring.acquire(first.length)  # a small slot when it fits one
+    deflated_at: int | None = None
     parse = functools.partial(_parse_and_hash, settings=ctx.settings)
     try:
         # a whole object is parsed in the GET's thread
@@ -77,13 +82,19 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
             done = await _small(ctx, obj, slot, npy_key, parsed)
         else:  # the probe's slot goes back before the chunks take theirs (no deadlock)
             t = time.perf_counter()
-            layout, prefix, hasher = await read_header(ctx, obj, slot.view[:filled])
+            try:
+                layout, prefix, hasher = await read_header(ctx, obj, slot.view[:filled])
+            except DeflatedDataSet as deflated:  # read from the start: keep the probe's bytes
+                probe, deflated_at = bytes(slot.view[:filled]), deflated.data_set_offset
             parse_s = time.perf_counter() - t
     finally:
         slot.release()
     if not small:
-        done = await read_large(ctx, obj, layout, prefix, hasher, npy_key)
-        done[3].parse_s = parse_s
+        if deflated_at is None:
+            done = await read_large(ctx, obj, layout, prefix, hasher, npy_key)
+        else:
+            done = await inflate_ranged(ctx, obj, probe, deflated_at, npy_key)
+        done[3].parse_s += parse_s
     header, digests, backend, timings = done
     timings.first_get_s = first_s
     timings.started_at = started
@@ -93,28 +104,40 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
 
 @dataclass(frozen=True, slots=True)
 class _Parsed:
-    """A whole object's header and source digest, and the seconds they took (in a thread)."""
+    """A whole object's header and source digest, and the seconds they took (in a thread).
 
-    header: DicomHeader
+    ``header`` None: a Deflated object, whose data set starts at ``deflated_at``."""
+
+    header: DicomHeader | None
     digests: Digests
     seconds: float
+    deflated_at: int = 0
 
 
 def _parse_and_hash(data: memoryview, settings: Settings) -> _Parsed:
     """Parse and hash a whole object (``data`` is all of it)."""
     started = time.perf_counter()
-    header = parse_header(data, len(data), max_header_bytes=settings.max_header_bytes)
+    deflated_at = 0
+    header: DicomHeader | NeedMoreBytes | None
+    try:
+        header = parse_header(data, len(data), max_header_bytes=settings.max_header_bytes)
+    except DeflatedDataSet as deflated:
+        header, deflated_at = None, deflated.data_set_offset
     if isinstance(header, NeedMoreBytes):
         raise MalformedDicom("the header does not end inside the object")
     digests = SourceDigest(settings, len(data), data).digests()
-    return _Parsed(header, digests, time.perf_counter() - started)
+    return _Parsed(header, digests, time.perf_counter() - started, deflated_at)
 
 
 async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _Parsed) -> Done:
     """The whole object is in ``slot`` (the caller releases it), parsed."""
-    timings = Timings(parse_s=parsed.seconds)
     header, digests = parsed.header, parsed.digests
     data = slot.view[: obj.head.size]
+    if header is None:
+        done = await inflate_whole(ctx, obj, data, parsed.deflated_at, digests, npy_key)
+        done[3].parse_s += parsed.seconds
+        return done
+    timings = Timings(parse_s=parsed.seconds)
     if header.codec is not None:
         value = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
         t = time.perf_counter()
