@@ -115,15 +115,22 @@ def _bench_parser(commands: Any) -> None:
             "kvikio",
             "pydicom-loop",
             "cpu-pool",
+            "nvimgcodec",
+            "nvimgcodec-plugin",
             "ours",
             "ours-hook",
         ),
-        help="curl,threads,kvikio-raw,naive,kvikio (ct, large, mix), pydicom-loop,cpu-pool "
-        "(decode workloads), ours,ours-hook (all)",
+        help="curl,threads,kvikio-raw,naive,kvikio (ct, large, mix), pydicom-loop,cpu-pool,"
+        "nvimgcodec,nvimgcodec-plugin (decode workloads), ours,ours-hook (all)",
     )
     add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each), also "
         "of the ct-j2k, ct-htj2k and ct-rle series")  # fmt: skip
     add("--slide-mb", type=int, default=200, help="MiB of 256x256 JPEG tiles in the slide")
+    add(
+        "--decode-corpus", type=Path, default=None, metavar="DIR",
+        help="read the decode workloads' CT series (and a slide, if there) from DIR/<workload>/"
+        "*.dcm, written by `python -m ingest.bench.workloads_compressed --write DIR`",
+    )  # fmt: skip
     add("--large-mb", type=int, default=1024, help="MiB of pixels in the large object")
     add(
         "--large-syntax", choices=("native", "encapsulated"), default="native",
@@ -188,6 +195,8 @@ def _bench_config(args: argparse.Namespace) -> Any:
         raise ConfigError("bench --scaled-modes: ours-hook, ours")
     if not 0.0 <= args.paced_rate < float("inf"):
         raise ConfigError("bench --paced-rate: objects/s, 0 or more")
+    if args.decode_corpus is not None and not args.decode_corpus.is_dir():
+        raise ConfigError(f"bench --decode-corpus {args.decode_corpus}: not a folder")
     from ingest.ops.supervisor import parse_gpus
 
     parse_gpus(args.gpus)  # a bad list fails here, not in the first scaled run
@@ -201,6 +210,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
         large_mb=args.large_mb,
         large_syntax=args.large_syntax,
         slide_mb=args.slide_mb,
+        decode_corpus=args.decode_corpus,
         repeats=args.repeats,
         part_mb=args.part_mb,
         concurrency=args.concurrency,

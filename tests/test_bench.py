@@ -23,6 +23,7 @@ from rich.console import Console
 
 from ingest.bench.config import READERS, BenchConfig
 from ingest.bench.decode import decode_ratios
+from ingest.bench.decode_gpu import nvimgcodec_missing
 from ingest.bench.gpu import kvikio_missing
 from ingest.bench.main import run_bench
 from ingest.bench.measure import TreeMeter, percentile, process_tree
@@ -116,7 +117,8 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
         assert any("matplotlib" in n for n in on_disk["notes"])
 
 
-DECODE_RUN = ("pydicom-loop", "cpu-pool", "ours", "ours-hook")
+DECODE_RUN = ("pydicom-loop", "cpu-pool", "nvimgcodec", "nvimgcodec-plugin", "ours", "ours-hook")
+GPU_DECODE = ("nvimgcodec", "nvimgcodec-plugin")
 
 
 @pytest.mark.anyio
@@ -136,7 +138,15 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
         assert info["transfer_syntax"] == DECODE_WORKLOADS[workload]
         assert info["decoded_bytes"] == info["frames"] * info["frame_bytes"]
         assert tuple(readers) == DECODE_RUN  # no fetch reader on a decode workload
-        for name in DECODE_RUN:
+        for name in GPU_DECODE:
+            entry = readers[name]
+            if nvimgcodec_missing() is not None:
+                assert (entry["status"], entry["short"]) == ("skipped", "GPU only"), entry
+            elif workload == "ct-rle":  # no device decoder, no plugin for RLE
+                assert entry["status"] == "skipped", entry
+            else:  # the GPU machine, nvImageCodec carried
+                assert entry["status"] == "ok", (workload, name, entry)
+        for name in (n for n in DECODE_RUN if n not in GPU_DECODE):
             entry = readers[name]
             assert entry["status"] == "ok", (workload, name, entry)
             (run,) = entry["runs"]
@@ -159,6 +169,10 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
     assert set(rows) == {(w, m) for w in DECODE_WORKLOADS for m in ("ours", "ours-hook")}
     for row in rows.values():
         assert min(row["ours_over_pydicom_loop"], row["ours_over_cpu_pool"]) > 0, row
+    found = {t["target"]: t for t in on_disk["targets"]}
+    assert found["decode ct-j2k: ours-hook / cpu-pool"]["goal"] == ">= 2"
+    assert found["decode slide: ours-hook / nvimgcodec"]["goal"] == ">= 0.8"
+    assert not [t for t in found if t.startswith("decode ct-rle")]  # no device decoder: no goal
     text = output.getvalue()
     assert "decode: ours / references" in text
     assert "ours / reference (GB/s" not in text

@@ -16,8 +16,8 @@ from ingest.settings import Settings, load_settings
 WORKLOADS = FETCH_WORKLOADS  # the default; the decode workloads run when named
 ALL_WORKLOADS = (*FETCH_WORKLOADS, *DECODE_WORKLOADS)
 READERS = (
-    "curl", "threads", "kvikio-raw", "naive", "kvikio", "pydicom-loop", "cpu-pool", "ours",
-    "ours-hook",
+    "curl", "threads", "kvikio-raw", "naive", "kvikio", "pydicom-loop", "cpu-pool", "nvimgcodec",
+    "nvimgcodec-plugin", "ours", "ours-hook",
 )  # fmt: skip
 OURS_MODES = {"ours": {"SINK": "s3"}, "ours-hook": {"SINK": "none", "HOOK": HOOK_SPEC}}
 SCALED_MODES = ("ours-hook", "ours")
@@ -34,6 +34,7 @@ class BenchConfig:
     large_mb: int = 1024
     large_syntax: str = "native"  # or "encapsulated": Encapsulated Uncompressed, past 4 GiB
     slide_mb: int = 200  # MiB of JPEG tiles in the slide workload
+    decode_corpus: Path | None = None  # the decode workloads' objects, written beforehand
     repeats: int = 3
     part_mb: int = 8
     concurrency: int = 16

@@ -8,9 +8,10 @@ the ceilings (``curl``, ``threads``, ``kvikio-raw``), the ``naive`` path,
 on) and ``ours-hook`` (sink off, arrays handed to a no-op user hook on the
 device), each with one warm-up pass that is discarded and ``repeats`` measured
 passes; for each decode workload (``slide``, ``ct-j2k``, ``ct-htj2k``,
-``ct-rle``: compressed frames) ``pydicom-loop``, ``cpu-pool``, ``ours`` and
-``ours-hook`` the same way, with frames/s (``decode``); with ``--processes
-LIST``, for each N, ``ours-hook-pN`` and ``ours-pN``: N real worker processes
+``ct-rle``: compressed frames; ``--decode-corpus DIR``: written beforehand)
+``pydicom-loop``, ``cpu-pool``, ``nvimgcodec``, ``nvimgcodec-plugin`` (GPU only),
+``ours`` and ``ours-hook`` the same way, with frames/s (``decode``); with
+``--processes LIST``, for each N, ``ours-hook-pN`` and ``ours-pN``: N real worker processes
 in one consumer group (``scaled``); then, with ``--sweep``, ours on the large
 object across part sizes and fetch concurrencies.
 It writes a JSON file with every figure, prints the tables of ratios and
@@ -19,10 +20,10 @@ targets, and draws PNG plots when matplotlib is installed.
 Modules: ``config`` (the flags, a worker's environment), ``workloads`` and
 ``workloads_compressed`` (objects), ``reader_runs`` (which reader runs where,
 measured how), ``readers`` (CPU references), ``decode`` (decode references,
-frames/s, their ratios), ``gpu`` (KvikIO, pinned-copy reference), ``ours``
-(the worker), ``scaled`` and ``scaled_pass`` (N worker processes, measured
-from outside), ``measure`` (time, CPU, RSS), ``report`` (ratios, targets,
-table, JSON), ``plots`` (PNGs).
+frames/s, their ratios), ``decode_gpu`` (nvImageCodec and its pydicom plugin),
+``gpu`` (KvikIO, pinned-copy reference), ``ours`` (the worker), ``scaled`` and
+``scaled_pass`` (N worker processes, measured from outside), ``measure`` (time,
+CPU, RSS), ``report`` (ratios, targets, table, JSON), ``plots`` (PNGs).
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ async def run_bench(
             workloads = await anyio.to_thread.run_sync(
                 prepare_workloads, target, list(config.workloads), config.ct_count,
                 config.large_mb, Path(tmp), steps.label, config.large_syntax, config.slide_mb,
+                config.decode_corpus,
             )  # fmt: skip
             report["workloads"] = {n: w.describe() for n, w in workloads.items()}
             warm = (await anyio.to_thread.run_sync(warmup_object, target),)

@@ -2,8 +2,10 @@
 
 The fetch workloads (``ct``, ``large``, ``mix``) get the raw ceilings, the
 naive path and KvikIO; the decode workloads (``DECODE_WORKLOADS``) get the
-decode references (``decode``); both get ours. A reader asked for that does
-not fit a workload is left out of that workload's results.
+decode references (``decode``, ``decode_gpu``); both get ours. A reader asked for
+that does not fit a workload is left out of that workload's results; one that
+cannot run here (no curl, no CUDA, no decoder for a workload's syntax) is
+reported as skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -15,8 +17,21 @@ from typing import Any
 from ingest.bench import gpu as bench_gpu
 from ingest.bench.config import OURS_MODES, BenchConfig
 from ingest.bench.decode import DECODE_READERS, CpuPoolReader, PydicomLoopReader
+from ingest.bench.decode_gpu import (
+    NvImageCodecReader,
+    NvPluginReader,
+    nvimgcodec_missing,
+    plugin_missing,
+)
 from ingest.bench.measure import Meter, MiB, summarize
-from ingest.bench.readers import CurlReader, NaiveReader, Reader, ThreadsReader, curl_missing
+from ingest.bench.readers import (
+    CurlReader,
+    NaiveReader,
+    Reader,
+    ReaderSkipped,
+    ThreadsReader,
+    curl_missing,
+)
 from ingest.bench.workloads import DECODE_WORKLOADS, S3Target, Workload
 
 
@@ -47,8 +62,16 @@ def failed_run(exc: BaseException, log_file: Path, keep_in: Path) -> dict[str, A
 def measure_reader(
     reader: Reader, workload: Workload, repeats: int, pids: list[int]
 ) -> dict[str, Any]:
-    """One warm-up run (discarded), then ``repeats`` measured runs."""
-    reader.prepare(workload)
+    """One warm-up run (discarded), then ``repeats`` measured runs; skipped where the
+    reader's ``prepare`` says it cannot run on ``workload`` (``ReaderSkipped``)."""
+    try:
+        reader.prepare(workload)
+    except ReaderSkipped as exc:
+        reader.close()
+        return skipped("skipped", str(exc), exc.short)
+    except BaseException:
+        reader.close()  # a registered plugin, a pool: undone before the error goes up
+        raise
     try:
         reader.run(workload)
         runs = []
@@ -88,4 +111,9 @@ def make_reader(name: str, config: BenchConfig, target: S3Target) -> Reader | di
         return PydicomLoopReader()
     if name == "cpu-pool":
         return CpuPoolReader()
+    if name in ("nvimgcodec", "nvimgcodec-plugin"):
+        why = nvimgcodec_missing() if name == "nvimgcodec" else plugin_missing()
+        if why is not None:
+            return skipped("skipped", f"GPU only: {why}", "GPU only")
+        return NvImageCodecReader() if name == "nvimgcodec" else NvPluginReader()
     raise ValueError(f"unknown reader {name!r}")

@@ -43,6 +43,15 @@ from ingest.bench.workloads import S3Target, Workload
 from ingest.dicom.fragments import ENCAPSULATED_UNCOMPRESSED
 
 
+class ReaderSkipped(Exception):
+    """Raised by ``prepare``: the reader cannot run on this workload here (no decoder for
+    its syntax); the run is reported as skipped with the message and ``short``."""
+
+    def __init__(self, message: str, short: str) -> None:
+        super().__init__(message)
+        self.short = short
+
+
 class Reader(Protocol):
     name: str
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.bench.decode import METHOD as DECODE_METHOD
-from ingest.bench.decode import print_decode_tables
+from ingest.bench.decode import decode_targets, print_decode_tables
 from ingest.bench.measure import GB
 from ingest.bench.workloads import DECODE_WORKLOADS
 
@@ -118,7 +118,8 @@ def _target(
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 4, for each mode of ours, with met / missed / n/a here."""
+    """Each target of issue 4, for each mode of ours, and the decode goals of ours-hook
+    (``decode.DECODE_GOALS``), with met / missed / n/a here."""
     here = "gpu" if report["machine"].get("gpu") else "cpu"
     out: list[dict[str, Any]] = []
 
@@ -168,6 +169,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"{mode}: steady-state pinned/device allocations", "any", v, "== 0", v == 0, "count")
     _worker_rss_targets(report, add)
     _scaled_targets(report, add)
+    decode_targets(report, add)
     return out
 
 
@@ -352,8 +354,9 @@ def notes(report: dict[str, Any]) -> list[str]:
         )
     if set(report.get("results", {})) & set(DECODE_WORKLOADS):
         out.append(
-            "decode workloads: pydicom-loop and cpu-pool decode local copies of the objects "
-            "(no fetch); ours reads them from S3 and runs its whole pipeline"
+            "decode workloads: pydicom-loop, cpu-pool, nvimgcodec and nvimgcodec-plugin decode "
+            "local copies of the objects (no fetch); ours reads them from S3 and runs its whole "
+            "pipeline"
         )
     if not report.get("sweeps"):
         out.append("no sweep (run with --sweep for throughput vs part size and concurrency)")

@@ -167,6 +167,7 @@ def prepare_workloads(
     progress: Callable[[str], None] = lambda _: None,
     large_syntax: str = "native",
     slide_mb: int = 200,
+    decode_corpus: Path | None = None,
 ) -> dict[str, Workload]:
     """Generate and upload the objects the named workloads need; returns them by name,
     in ``names``' order.
@@ -175,11 +176,13 @@ def prepare_workloads(
     native or (``large_syntax="encapsulated"``) Encapsulated Uncompressed with an
     Extended Offset Table, as a writer of an object past 4 GiB would write it. The
     decode workloads (``DECODE_WORKLOADS``: ``ct_count`` slices a series, a slide of
-    about ``slide_mb`` MiB) are written under ``tmpdir`` and kept there.
+    about ``slide_mb`` MiB) are written under ``tmpdir`` and kept there, or taken from
+    ``decode_corpus`` (``workloads_compressed.write_corpus``).
 
     Raises:
-        ValueError: a workload name not known, or a native object past 4 GiB - 2 bytes of
-            Pixel Data.
+        ValueError: a workload name not known, a native object past 4 GiB - 2 bytes of
+            Pixel Data, or a CT series that can be neither encoded here nor found in
+            ``decode_corpus``.
         botocore.exceptions.ClientError: an upload failed.
     """
     unknown = [n for n in names if n not in FETCH_WORKLOADS and n not in DECODE_WORKLOADS]
@@ -190,7 +193,9 @@ def prepare_workloads(
     if set(names) & set(DECODE_WORKLOADS):
         from ingest.bench.workloads_compressed import prepare_decode_workloads
 
-        out |= prepare_decode_workloads(target, names, ct_count, slide_mb, tmpdir, progress)
+        out |= prepare_decode_workloads(
+            target, names, ct_count, slide_mb, tmpdir, progress, decode_corpus
+        )
     return {name: out[name] for name in names}
 
 

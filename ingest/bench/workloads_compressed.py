@@ -1,4 +1,4 @@
-"""The decode workloads: compressed objects whose frames the worker decodes on the CPU.
+"""The decode workloads: compressed objects whose frames the worker decodes.
 
 - ``slide``: one VL Whole Slide Microscopy image of 256 x 256 JPEG Baseline tiles
   (YBR_FULL_422, ~19 KB a tile), about ``--slide-mb`` MiB, streamed to a file by
@@ -7,16 +7,29 @@
   stored in 16, signed) in JPEG 2000 Lossless, HTJ2K Lossless and RLE Lossless
   (``compressed_ct_series``), one object and one frame each.
 
-Each object is also kept as a file under the bench's temporary folder
-(``Workload.files``): the references that decode without fetching
-(``pydicom-loop``, ``cpu-pool``) read them from there, the worker from S3.
+Each object is also kept as a file (``Workload.files``): the references that decode
+without fetching (``pydicom-loop``, ``cpu-pool``, ``nvimgcodec``, ``nvimgcodec-plugin``)
+read them from there, the worker from S3.
+
+HTJ2K is encoded by imagecodecs, which a machine may lack (the GPU machine does), so the
+objects can be written beforehand into a corpus folder, ``DIR/<workload>/*.dcm``::
+
+    python -m ingest.bench.workloads_compressed --write DIR [--ct N] [--slide-mb M]
+        [--workloads ct-j2k,ct-htj2k,ct-rle]
+
+and read from it by ``dicom-ingest bench --decode-corpus DIR``: each CT series named in
+``--workloads`` must then be in DIR, and its ``--ct`` objects cycle over DIR's slices
+(distinct keys, repeated bytes); the slide comes from ``DIR/slide`` when the corpus has
+one, else it is written as without a corpus (Pillow only).
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +44,11 @@ from ingest.bench.workloads import (
 
 SLIDE_TILE = 256
 CT_SIZE = 512
+SERIES = tuple(n for n in DECODE_WORKLOADS if n != "slide")
+# The writer's default slices a series: 512 x 512 slices take 180 (J2K), 190 (HTJ2K) and
+# 230 KB (RLE), so 12 of each make ~7.2 MB, small enough to carry to the device
+CORPUS_SLICES = 12
+WRITE_HINT = "python -m ingest.bench.workloads_compressed --write DIR"
 
 
 def pydicom_plugins(syntax: str) -> list[str]:
@@ -55,54 +73,125 @@ def slide_grid(slide_mb: int) -> tuple[int, int]:
     return across, math.ceil(tiles / across)
 
 
-def _slide(
-    target: S3Target, client: Any, slide_mb: int, tmpdir: Path, progress: Callable[[str], None]
-) -> Workload:
+def corpus_files(corpus: Path, name: str) -> list[Path]:
+    """The corpus's objects of workload ``name`` (``corpus/name/*.dcm``), sorted."""
+    return sorted((corpus / name).glob("*.dcm"))
+
+
+def _write_slide(folder: Path, slide_mb: int) -> Any:
     from ingest.embedded.samples_slide import write_jpeg_slide
 
     across, down = slide_grid(slide_mb)
-    name = f"slide-jpeg-{across}x{down}x{SLIDE_TILE}.dcm"
-    progress(f"writing the slide ({across} x {down} JPEG tiles) to a temporary file")
-    info = write_jpeg_slide(tmpdir / name, tiles_across=across, tiles_down=down, tile=SLIDE_TILE)
-    assert info.path is not None
-    progress(f"uploading the slide ({info.size / 1e6:.0f} MB, multipart)")
-    key = f"bench/slide/{name}"
-    size = upload_file_multipart(client, target.source_bucket, key, info.path)
+    path = folder / f"slide-jpeg-{across}x{down}x{SLIDE_TILE}.dcm"
+    return write_jpeg_slide(path, tiles_across=across, tiles_down=down, tile=SLIDE_TILE)
+
+
+def _corpus_slide(path: Path) -> Workload:
+    """A slide from the corpus, described from its header (no object uploaded yet)."""
+    from pydicom import dcmread
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = dcmread(path, stop_before_pixels=True)
+    rows, columns = int(ds.Rows), int(ds.Columns)
+    total = (int(ds.TotalPixelMatrixRows), int(ds.TotalPixelMatrixColumns))
+    syntax = str(ds.file_meta.TransferSyntaxUID)
     return Workload(
-        "slide", (BenchObject(key, size),), frames=info.frames,
-        frame_bytes=SLIDE_TILE * SLIDE_TILE * 3, files=(info.path,), syntax=info.syntax,
-        info=(("tiles", (across, down, SLIDE_TILE)),
-              ("total_matrix", (info.total_rows, info.total_columns)),
-              ("offset_table", info.offset_table),
-              ("pydicom_plugins", pydicom_plugins(info.syntax))),
+        "slide", (), frames=int(ds.NumberOfFrames),
+        frame_bytes=rows * columns * int(ds.SamplesPerPixel) * int(ds.BitsAllocated) // 8,
+        files=(path,), syntax=syntax,
+        info=(("tiles", (-(-total[1] // columns), -(-total[0] // rows), rows)),
+              ("total_matrix", total), ("source", str(path)),
+              ("pydicom_plugins", pydicom_plugins(syntax))),
     )  # fmt: skip
 
 
-def _series(
-    target: S3Target, client: Any, name: str, count: int, tmpdir: Path,
+def _slide(
+    target: S3Target, client: Any, slide_mb: int, tmpdir: Path, corpus: Path | None,
     progress: Callable[[str], None],
 ) -> Workload:  # fmt: skip
-    from ingest.embedded.samples_compressed import compressed_ct_series
-
-    syntax = DECODE_WORKLOADS[name]
-    progress(f"encoding and uploading {count} CT slices for {name}")
-    folder = tmpdir / name
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def put(item: tuple[str, bytes]) -> tuple[BenchObject, Path]:
-        key = f"bench/{name}/{item[0].rsplit('/', 1)[-1]}"
-        path = folder / key.rsplit("/", 1)[-1]
-        path.write_bytes(item[1])
-        client.put_object(Bucket=target.source_bucket, Key=key, Body=item[1])
-        return BenchObject(key, len(item[1])), path
-
-    series = compressed_ct_series(syntax, count, CT_SIZE, CT_SIZE)
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        done = list(pool.map(put, series))
+    found = corpus_files(corpus, "slide") if corpus is not None else []
+    if found:
+        workload = _corpus_slide(found[0])
+    else:
+        progress("writing the slide to a temporary file")
+        info = _write_slide(tmpdir, slide_mb)
+        assert info.path is not None
+        workload = Workload(
+            "slide", (), frames=info.frames, frame_bytes=SLIDE_TILE * SLIDE_TILE * 3,
+            files=(info.path,), syntax=info.syntax,
+            info=(("tiles", (info.tiles_across, info.tiles_down, SLIDE_TILE)),
+                  ("total_matrix", (info.total_rows, info.total_columns)),
+                  ("offset_table", info.offset_table), ("source", "generated"),
+                  ("pydicom_plugins", pydicom_plugins(info.syntax))),
+        )  # fmt: skip
+    path = workload.files[0]
+    progress(f"uploading the slide ({path.stat().st_size / 1e6:.0f} MB, multipart)")
+    key = f"bench/slide/{path.name}"
+    size = upload_file_multipart(client, target.source_bucket, key, path)
     return Workload(
-        name, tuple(o for o, _ in done), frames=count, frame_bytes=CT_SIZE * CT_SIZE * 2,
-        files=tuple(p for _, p in done), syntax=syntax,
-        info=(("pydicom_plugins", pydicom_plugins(syntax)),),
+        "slide", (BenchObject(key, size),), frames=workload.frames,
+        frame_bytes=workload.frame_bytes, files=workload.files, syntax=workload.syntax,
+        info=workload.info,
+    )  # fmt: skip
+
+
+def _generated_series(name: str, count: int, folder: Path) -> list[Path]:
+    """``count`` slices of ``name`` encoded here, one file each under ``folder``.
+
+    Raises:
+        ValueError: an encoder is not installed here (HTJ2K needs imagecodecs).
+    """
+    from ingest.embedded.samples_compressed import compressed_ct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index in range(count):
+        try:
+            data = compressed_ct(DECODE_WORKLOADS[name], index, CT_SIZE, CT_SIZE)
+        except ImportError as exc:
+            raise ValueError(
+                f"{name}: encoding needs {exc.name or exc}, not installed here; write the "
+                f"series where it is ({WRITE_HINT}) and run with --decode-corpus DIR"
+            ) from exc
+        path = folder / f"slice-{index + 1:04d}.dcm"
+        path.write_bytes(data)
+        paths.append(path)
+    return paths
+
+
+def _series(
+    target: S3Target, client: Any, name: str, count: int, tmpdir: Path, corpus: Path | None,
+    progress: Callable[[str], None],
+) -> Workload:  # fmt: skip
+    syntax = DECODE_WORKLOADS[name]
+    if corpus is None:
+        progress(f"encoding {count} CT slices for {name}")
+        source: Any = "generated"
+        paths = _generated_series(name, count, tmpdir / name)
+    else:
+        found = corpus_files(corpus, name)
+        if not found:
+            there = sorted(p.parent.name for p in corpus.glob("*/*.dcm"))
+            raise ValueError(
+                f"{name}: no {corpus / name}/*.dcm in the decode corpus (it has: "
+                f"{', '.join(sorted(set(there))) or 'nothing'}); write it with {WRITE_HINT}"
+            )
+        source = {"corpus": str(corpus / name), "distinct_slices": len(found)}
+        paths = [found[index % len(found)] for index in range(count)]
+    progress(f"uploading {count} CT slices for {name}")
+
+    def put(item: tuple[int, Path]) -> BenchObject:
+        key = f"bench/{name}/slice-{item[0] + 1:04d}.dcm"
+        body = item[1].read_bytes()
+        client.put_object(Bucket=target.source_bucket, Key=key, Body=body)
+        return BenchObject(key, len(body))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        objects = tuple(pool.map(put, enumerate(paths)))
+    return Workload(
+        name, objects, frames=count, frame_bytes=CT_SIZE * CT_SIZE * 2, files=tuple(paths),
+        syntax=syntax, info=(("source", source), ("pydicom_plugins", pydicom_plugins(syntax))),
     )  # fmt: skip
 
 
@@ -113,11 +202,14 @@ def prepare_decode_workloads(
     slide_mb: int,
     tmpdir: Path,
     progress: Callable[[str], None] = lambda _: None,
+    corpus: Path | None = None,
 ) -> dict[str, Workload]:
-    """Write, keep under ``tmpdir`` and upload the decode workloads among ``names``.
+    """Write (or take from ``corpus``), keep under ``tmpdir`` and upload the decode
+    workloads among ``names``.
 
     Raises:
-        ValueError: ``ct_count`` or ``slide_mb`` below 1.
+        ValueError: ``ct_count`` or ``slide_mb`` below 1; a CT series that ``corpus``
+            lacks, or (without a corpus) whose encoder is not installed.
         botocore.exceptions.ClientError: an upload failed.
     """
     if ct_count < 1 or slide_mb < 1:
@@ -127,9 +219,63 @@ def prepare_decode_workloads(
     try:
         for name in names:
             if name == "slide":
-                out[name] = _slide(target, client, slide_mb, tmpdir, progress)
+                out[name] = _slide(target, client, slide_mb, tmpdir, corpus, progress)
             elif name in DECODE_WORKLOADS:
-                out[name] = _series(target, client, name, ct_count, tmpdir, progress)
+                out[name] = _series(target, client, name, ct_count, tmpdir, corpus, progress)
     finally:
         client.close()
     return out
+
+
+def write_corpus(
+    folder: Path, names: Sequence[str] = SERIES, count: int = CORPUS_SLICES, slide_mb: int = 0
+) -> dict[str, tuple[int, int]]:
+    """Write the CT series among ``names`` (``count`` slices each) and, with ``slide_mb``,
+    a slide into ``folder/<workload>/``, replacing what those folders held; returns
+    (files, bytes) per workload.
+
+    Raises:
+        ValueError: an unknown workload; an encoder not installed here.
+        OSError: the folder cannot be written.
+    """
+    unknown = [n for n in names if n not in DECODE_WORKLOADS]
+    if unknown or count < 1:
+        raise ValueError(f"--write: decode workloads {', '.join(SERIES)} and --ct >= 1")
+    wanted = [n for n in names if n != "slide"] + (["slide"] if slide_mb > 0 else [])
+    written = {}
+    for name in wanted:
+        target = folder / name
+        target.mkdir(parents=True, exist_ok=True)
+        for old in corpus_files(folder, name):
+            old.unlink()
+        if name == "slide":
+            paths = [_write_slide(target, slide_mb).path]
+        else:
+            paths = _generated_series(name, count, target)
+        written[name] = (len(paths), sum(p.stat().st_size for p in paths))
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ingest.bench.workloads_compressed",
+        description="write the decode workloads' objects for `dicom-ingest bench --decode-corpus`",
+    )
+    parser.add_argument("--write", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--ct", type=int, default=CORPUS_SLICES, help="slices a CT series")
+    parser.add_argument("--slide-mb", type=int, default=0, help="MiB of slide (default: none)")
+    parser.add_argument("--workloads", default=",".join(SERIES), help="the CT series to write")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    try:
+        written = write_corpus(args.write, names, args.ct, args.slide_mb)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for name, (files, size) in written.items():
+        print(f"{args.write / name}: {files} files, {size / 1e6:.2f} MB")
+    print(f"total {sum(s for _, s in written.values()) / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
