@@ -74,6 +74,7 @@ from ingest.source.offsets import Partition
 
 log = structlog.get_logger("dicom_ingest.worker")
 CLOSE_TIMEOUT_S = 10.0
+_DEVICE_COUNTS = ("batches", "jobs", "failed_jobs", "device_decode")  # in "worker stopped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +213,8 @@ class Worker:
                     await self._commits.now()
                 services.cancel_scope.cancel()
         self.stats.commits = self._commits.count
-        log.info("worker stopped", **_stats_dict(self.stats))
+        counts = {k: v for k, v in thread.stats().items() if k.startswith(_DEVICE_COUNTS)}
+        log.info("worker stopped", **dataclasses.asdict(self.stats), device=counts)
 
     async def _intake(self, objects: TaskGroup) -> None:
         """Poll, parse, spawn; keep polling (paused) while every object slot is busy.
@@ -395,6 +397,3 @@ async def _close(aclose: Callable[[], Awaitable[None]]) -> None:
     with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
         await aclose()
 
-
-def _stats_dict(stats: WorkerStats) -> dict[str, int]:
-    return dataclasses.asdict(stats)

@@ -14,6 +14,7 @@ lossy ones. A frame the device cannot decode fails its job alone.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from io import BytesIO
 from pathlib import Path
@@ -81,7 +82,7 @@ def _job(codec: Codec, frames: list[bytes]) -> ChunkJob:
     assert colour is not None
     return ChunkJob(
         data=memoryview(b""),
-        fmt=device_format(codec, len(frames)),
+        fmt=device_format(codec),
         transform=TRANSFORM,
         first_element=0,
         on_consumed=lambda: None,
@@ -155,3 +156,20 @@ def test_the_device_allocates_nothing_in_steady_state() -> None:
         for _ in range(3):
             thread.submit(jobs).result(timeout=120)
         assert thread.stats()["device_allocations"] == before
+
+
+def test_groups_of_one_object_are_placed_by_their_first_sample() -> None:
+    """A multi-frame object goes to the device in groups; each group's job starts at its
+    first frame's sample, and the groups' outputs joined are the whole object's."""
+    _, codec, frames = next(c for c in CASES if c[0] == "samples/jpeg-slide")
+    whole = _job(codec, frames)
+    cut = len(frames) // 3
+    fmt = whole.fmt
+    parts = [
+        _job(codec, frames[:cut]),
+        dataclasses.replace(_job(codec, frames[cut:]), first_element=cut * fmt.frame_elements),
+    ]
+    outcomes, _ = _run([whole, *parts])
+    assert all(isinstance(o, ChunkResult) and o.host is not None for o in outcomes), outcomes
+    hosts = [o.host for o in outcomes if isinstance(o, ChunkResult) and o.host is not None]
+    assert np.concatenate(hosts[1:]).tobytes() == hosts[0].tobytes()

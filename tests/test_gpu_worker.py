@@ -94,7 +94,7 @@ async def test_gpu_decoded_objects_equal_the_reference(
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     objects = {f"pydicom/{n}": example_bytes(n) for n in EXAMPLES_DECODED}
-    write_jpeg_slide(tmp_path / "slide.dcm", tiles_across=9, tiles_down=7, tile=64)
+    write_jpeg_slide(tmp_path / "slide.dcm", tiles_across=9, tiles_down=7)  # 3 groups
     objects["slide/jpeg.dcm"] = (tmp_path / "slide.dcm").read_bytes()
     await harness.upload(stack, names.source_bucket, objects.items())
     await harness.publish(

@@ -63,13 +63,13 @@ def device_colour(codec: Codec) -> Colour | None:
     return None
 
 
-def device_format(codec: Codec, frames: int) -> PixelFormat:
-    """The layout the device decodes ``frames`` frames to: interleaved samples of Bits
+def device_format(codec: Codec) -> PixelFormat:
+    """The layout the device decodes the object's frames to: interleaved samples of Bits
     Allocated, with the header's Bits Stored and sign for the kernel."""
     return PixelFormat(
         rows=codec.rows,
         columns=codec.columns,
-        frames=frames,
+        frames=codec.number_of_frames,
         samples=codec.samples_per_pixel,
         bits_allocated=codec.bits_allocated,
         bits_stored=codec.bits_stored,

@@ -165,7 +165,7 @@ def encoded_job(
     assert codec is not None
     colour = device_colour(codec)
     assert colour is not None
-    fmt = device_format(codec, len(frames))
+    fmt = device_format(codec)
     first = first_frame * fmt.frame_elements
     job = _job(ctx, ref, header, memoryview(b""), first, len(frames) * fmt.frame_elements)
     return dataclasses.replace(job, fmt=fmt, encoded=EncodedFrames(tuple(frames), colour))
