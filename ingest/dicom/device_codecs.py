@@ -10,11 +10,15 @@ pydicom's and this project's compressed samples:
   pydicom converts them). A JPEG labelled RGB is not sent: pydicom reads its
   codestream's markers to decide whether it holds YCbCr, which nvImageCodec
   does not do the same way.
-- JPEG Lossless SV1 (the first-order predictor nvJPEG implements); JPEG
-  Lossless with another predictor, JPEG Extended (12-bit), JPEG-LS and RLE
-  have no device decoder.
-- JPEG 2000 and HTJ2K: monochrome, RGB as stored, YBR_ICT / YBR_RCT converted
-  to RGB (the codestream's own component transform, as pydicom does).
+- JPEG Lossless SV1 is not sent: nvJPEG's lossless decoder decodes it into
+  its own buffers, but into the caller's (``gpu.decode``) it wrote out of bounds
+  on a 128 x 96 slice (CUDA error 700). JPEG Lossless with another predictor,
+  JPEG Extended (12-bit), JPEG-LS and RLE have no device decoder.
+- JPEG 2000 (lossless and lossy) and HTJ2K Lossless (and RPCL): monochrome, RGB
+  as stored, YBR_ICT / YBR_RCT converted to RGB (the codestream's own component
+  transform, as pydicom does). HTJ2K (1.2.840.10008.1.2.4.203, lossy allowed) is
+  not sent: on a lossy 12-bit 128 x 96 slice nvImageCodec's result was 25.8 dB
+  from openjpeg's, under the 40 dB bound.
 
 Palette colour and the Modality LUT Sequence are table look-ups pydicom applies
 after decoding: those objects stay on the CPU path. The device output is the
@@ -31,17 +35,15 @@ from gpu.formats import PixelFormat
 from ingest.dicom.codec_read import Codec
 
 JPEG_BASELINE: Final = "1.2.840.10008.1.2.4.50"
-JPEG_LOSSLESS_SV1: Final = "1.2.840.10008.1.2.4.70"
 J2K: Final = frozenset(
     {
         "1.2.840.10008.1.2.4.90",
         "1.2.840.10008.1.2.4.91",
         "1.2.840.10008.1.2.4.201",
         "1.2.840.10008.1.2.4.202",
-        "1.2.840.10008.1.2.4.203",
     }
 )
-DEVICE_SYNTAXES: Final = frozenset({JPEG_BASELINE, JPEG_LOSSLESS_SV1, *J2K})
+DEVICE_SYNTAXES: Final = frozenset({JPEG_BASELINE, *J2K})
 _MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
 
 
