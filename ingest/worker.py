@@ -396,4 +396,3 @@ async def _close(aclose: Callable[[], Awaitable[None]]) -> None:
     """
     with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
         await aclose()
-

@@ -1,15 +1,16 @@
 """Frames decoded on the device (nvImageCodec, ``gpu.decode``) against the CPU path.
 
 Runs on the device machine (``pytest -m gpu``); skipped without CUDA or
-nvImageCodec. Every compressed file that ships with pydicom and that the device
-decodes (``device_colour``), this project's JPEG samples and slide tiles, and its
-CT slices in every compressed syntax (``tests/data/compressed``: written by
-``compressed_ct(uid, index=3, rows=128, columns=96)``, which needs encoders the
-device machine lacks), go
-to the device thread in one batch (frames of many objects in one nvImageCodec
-call): each output equals the CPU path's (``decode_encapsulated``, then the
-NumPy twin of the kernel) exactly for lossless syntaxes and within 40 dB PSNR for
-lossy ones. A frame the device cannot decode fails its job alone.
+nvImageCodec. Every compressed file that ships with pydicom and that nvImageCodec
+decodes as pydicom does (``matching_colour``: what the worker sends to the
+device, and JPEG 2000, which it keeps on the CPU for speed), this project's JPEG
+samples and slide tiles, and its CT slices in every compressed syntax
+(``tests/data/compressed``: written by ``compressed_ct(uid, index=3, rows=128,
+columns=96)``, which needs encoders the device machine lacks) go to the device
+thread in one batch (frames of many objects in one nvImageCodec call): each
+output equals the CPU path's (``decode_encapsulated``, then the NumPy twin of the
+kernel) exactly for lossless syntaxes and within 40 dB PSNR for lossy ones. A
+frame the device cannot decode fails its job alone.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gpu.formats import Transform
 from gpu.preprocess import preprocess_numpy
 from gpu.thread import ChunkJob, ChunkResult, DeviceThread, cuda_unavailable_reason
 from ingest.dicom.codec import Codec, codec_from_dataset, decode_encapsulated, decoded_format
-from ingest.dicom.device_codecs import DEVICE_SYNTAXES, device_colour, device_format
+from ingest.dicom.device_codecs import MATCHING_SYNTAXES, device_format, matching_colour
 from ingest.embedded.samples_compressed import jpeg_baseline
 from ingest.embedded.samples_slide import jpeg_slide_bytes
 from tests.reference import LOSSY_SYNTAXES, psnr
@@ -67,7 +68,7 @@ def _cases() -> list[tuple[str, Codec, list[bytes]]]:
                 codec = codec_from_dataset(ds, str(ds.file_meta.TransferSyntaxUID))
             except Exception:
                 continue  # not an image pydicom decodes: the CPU tests cover those
-            if device_colour(codec) is None:
+            if matching_colour(codec) is None:
                 continue
             frames = list(generate_frames(ds.PixelData, number_of_frames=codec.number_of_frames))
         cases.append((name, codec, frames))
@@ -78,7 +79,7 @@ CASES = _cases()
 
 
 def _job(codec: Codec, frames: list[bytes]) -> ChunkJob:
-    colour = device_colour(codec)
+    colour = matching_colour(codec)
     assert colour is not None
     return ChunkJob(
         data=memoryview(b""),
@@ -108,7 +109,7 @@ def _run(jobs: list[ChunkJob]) -> tuple[list[ChunkResult | BaseException], dict[
 
 def test_the_sample_files_cover_every_device_syntax() -> None:
     syntaxes = {codec.transfer_syntax_uid for _, codec, _ in CASES}
-    assert syntaxes == DEVICE_SYNTAXES
+    assert syntaxes == MATCHING_SYNTAXES
 
 
 def test_device_decode_equals_the_cpu_path_in_one_batch() -> None:

@@ -7,8 +7,9 @@ On the same frames as the CPU references (``decode``):
   batches of ``BATCH`` frames, on the GPU, the decoded images left on the device
   (no copy to the host), one device synchronisation at the end of the run. The
   colour conversion is the one the worker asks of the device
-  (``ingest.dicom.device_codecs.device_colour``: YBR to RGB for JPEG YBR_FULL(_422)
-  and JPEG 2000 YBR_ICT/RCT, else the samples unchanged).
+  (``ingest.dicom.device_codecs.matching_colour``: YBR to RGB for JPEG YBR_FULL(_422)
+  and JPEG 2000 YBR_ICT/RCT, else the samples unchanged; also for JPEG 2000, which
+  the worker measured faster on its CPU processes).
 - ``nvimgcodec-plugin`` (the peer users have): NVIDIA's pydicom plugin
   (``nvidia.nvimgcodec.tools.dicom.pydicom_plugin``) registered, then the loop of
   ``pydicom-loop``: ``dcmread`` + ``pixel_array`` per object, ``iter_pixels`` per
@@ -80,16 +81,16 @@ class NvImageCodecReader:
 
     def prepare(self, workload: Workload) -> None:
         from ingest.dicom.codec_read import syntax_name
-        from ingest.dicom.device_codecs import device_colour
+        from ingest.dicom.device_codecs import matching_colour
 
         runs: list[tuple[str, list[np.ndarray]]] = []
         for path in workload.files:
             codec, frames = _frames_of(path)
-            colour = device_colour(codec)
+            colour = matching_colour(codec)
             if colour is None:
                 raise ReaderSkipped(
-                    f"no device decoder for {syntax_name(codec.transfer_syntax_uid)} "
-                    f"{codec.photometric_interpretation} (the worker decodes it on the CPU)",
+                    f"nvImageCodec does not decode {syntax_name(codec.transfer_syntax_uid)} "
+                    f"{codec.photometric_interpretation} as pydicom does",
                     "CPU only",
                 )
             arrays = [np.frombuffer(frame, dtype=np.uint8) for frame in frames]

@@ -14,11 +14,15 @@ pydicom's and this project's compressed samples:
   its own buffers, but into the caller's (``gpu.decode``) it wrote out of bounds
   on a 128 x 96 slice (CUDA error 700). JPEG Lossless with another predictor,
   JPEG Extended (12-bit), JPEG-LS and RLE have no device decoder.
-- JPEG 2000 (lossless and lossy) and HTJ2K Lossless (and RPCL): monochrome, RGB
-  as stored, YBR_ICT / YBR_RCT converted to RGB (the codestream's own component
-  transform, as pydicom does). HTJ2K (1.2.840.10008.1.2.4.203, lossy allowed) is
-  not sent: on a lossy 12-bit 128 x 96 slice nvImageCodec's result was 25.8 dB
-  from openjpeg's, under the 40 dB bound.
+- HTJ2K Lossless (and RPCL): monochrome, RGB as stored, YBR_ICT / YBR_RCT
+  converted to RGB (the codestream's own component transform, as pydicom does).
+  HTJ2K (1.2.840.10008.1.2.4.203, lossy allowed) is not sent: on a lossy 12-bit
+  128 x 96 slice nvImageCodec's result was 25.8 dB from openjpeg's, under the
+  40 dB bound.
+- JPEG 2000 (Part 1) decodes on the device exactly as on the CPU, but nvJPEG2000
+  runs much of it on host threads: the worker took 88 CT slices a second
+  decoding them on the device and 162 on its CPU processes (H100, 16 cores;
+  docs/benchmarks.md), so it stays on the CPU.
 
 Palette colour and the Modality LUT Sequence are table look-ups pydicom applies
 after decoding: those objects stay on the CPU path. The device output is the
@@ -35,22 +39,27 @@ from gpu.formats import PixelFormat
 from ingest.dicom.codec_read import Codec
 
 JPEG_BASELINE: Final = "1.2.840.10008.1.2.4.50"
-J2K: Final = frozenset(
-    {
-        "1.2.840.10008.1.2.4.90",
-        "1.2.840.10008.1.2.4.91",
-        "1.2.840.10008.1.2.4.201",
-        "1.2.840.10008.1.2.4.202",
-    }
-)
-DEVICE_SYNTAXES: Final = frozenset({JPEG_BASELINE, *J2K})
+HTJ2K_LOSSLESS: Final = frozenset({"1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2.4.202"})
+J2K_PART1: Final = frozenset({"1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91"})
+# where nvImageCodec's result is pydicom's (exact, or within the lossy bound)
+MATCHING_SYNTAXES: Final = frozenset({JPEG_BASELINE, *HTJ2K_LOSSLESS, *J2K_PART1})
+# what the worker sends to the device: those, less what the CPU does faster
+DEVICE_SYNTAXES: Final = MATCHING_SYNTAXES - J2K_PART1
 _MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
 
 
 def device_colour(codec: Codec) -> Colour | None:
     """The conversion the device applies to ``codec``'s frames, or None: CPU only."""
+    return matching_colour(codec) if codec.transfer_syntax_uid in DEVICE_SYNTAXES else None
+
+
+def matching_colour(codec: Codec) -> Colour | None:
+    """The conversion that makes nvImageCodec's frames pydicom's, or None where none does
+    (``MATCHING_SYNTAXES``; the bench's nvImageCodec reader decodes with it)."""
     uid, photometric = codec.transfer_syntax_uid, codec.photometric_interpretation
-    if uid not in DEVICE_SYNTAXES or codec.palette is not None or codec.modality_lut is not None:
+    if uid not in MATCHING_SYNTAXES or codec.palette is not None:
+        return None
+    if codec.modality_lut is not None:
         return None
     if codec.bits_allocated not in (8, 16):
         return None
@@ -58,9 +67,10 @@ def device_colour(codec: Codec) -> Colour | None:
         return "unchanged"
     if uid == JPEG_BASELINE and photometric in ("YBR_FULL", "YBR_FULL_422"):
         return "rgb"
-    if uid in J2K and photometric in ("YBR_ICT", "YBR_RCT"):
+    j2k = uid in HTJ2K_LOSSLESS or uid in J2K_PART1
+    if j2k and photometric in ("YBR_ICT", "YBR_RCT"):
         return "rgb"
-    if uid in J2K and photometric == "RGB":
+    if j2k and photometric == "RGB":
         return "unchanged"
     return None
 
