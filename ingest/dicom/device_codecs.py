@@ -46,22 +46,31 @@ MATCHING_SYNTAXES: Final = frozenset({JPEG_BASELINE, *HTJ2K_LOSSLESS, *J2K_PART1
 # what the worker sends to the device: those, less what the CPU does faster
 DEVICE_SYNTAXES: Final = MATCHING_SYNTAXES - J2K_PART1
 _MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
+# Smaller frames decode faster on the CPU processes: the GPU (batches of 64) is ahead of
+# 16 processes from 128 x 128 for JPEG colour tiles, from 256 x 256 for JPEG
+# monochrome and HTJ2K (python -m ingest.bench.diagnostics.decode_crossover, H100).
+MIN_DEVICE_PIXELS_JPEG_COLOUR: Final = 128 * 128
+MIN_DEVICE_PIXELS: Final = 256 * 256
 
 
 def device_colour(codec: Codec) -> Colour | None:
-    """The conversion the device applies to ``codec``'s frames, or None: CPU only."""
-    return matching_colour(codec) if codec.transfer_syntax_uid in DEVICE_SYNTAXES else None
+    """The conversion the device applies to ``codec``'s frames, or None: CPU only (a
+    syntax in ``DEVICE_SYNTAXES``, frames of at least ``MIN_DEVICE_PIXELS``)."""
+    if codec.transfer_syntax_uid not in DEVICE_SYNTAXES:
+        return None
+    colour = matching_colour(codec)
+    jpeg_colour = codec.transfer_syntax_uid == JPEG_BASELINE and colour == "rgb"
+    least = MIN_DEVICE_PIXELS_JPEG_COLOUR if jpeg_colour else MIN_DEVICE_PIXELS
+    return colour if codec.rows * codec.columns >= least else None
 
 
 def matching_colour(codec: Codec) -> Colour | None:
     """The conversion that makes nvImageCodec's frames pydicom's, or None where none does
     (``MATCHING_SYNTAXES``; the bench's nvImageCodec reader decodes with it)."""
     uid, photometric = codec.transfer_syntax_uid, codec.photometric_interpretation
-    if uid not in MATCHING_SYNTAXES or codec.palette is not None:
+    if uid not in MATCHING_SYNTAXES or codec.bits_allocated not in (8, 16):
         return None
-    if codec.modality_lut is not None:
-        return None
-    if codec.bits_allocated not in (8, 16):
+    if codec.palette is not None or codec.modality_lut is not None:
         return None
     if photometric in _MONOCHROME:
         return "unchanged"
