@@ -221,7 +221,12 @@ async def decode_streamed(
                     if hasher.in_order:
                         await anyio.to_thread.run_sync(hasher.update, ranges[index].start, view)
                     if not splitter.done:
-                        pending.extend(_named(header, splitter.feed, view))
+                        # a part holds thousands of tiles: split them off the event loop,
+                        # which meanwhile dispatches the device's batches
+                        split = await anyio.to_thread.run_sync(
+                            _named, header, splitter.feed, view
+                        )
+                        pending.extend(split)
                 finally:
                     slot.release()
                 index += 1
