@@ -74,7 +74,7 @@ from ingest.source.offsets import Partition
 
 log = structlog.get_logger("dicom_ingest.worker")
 CLOSE_TIMEOUT_S = 10.0
-_DEVICE_COUNTS = ("batches", "jobs", "failed_jobs", "device_decode")  # in "worker stopped"
+_DEVICE_COUNTS = ("batches", "jobs", "failed_jobs", "device_")  # in "worker stopped"
 
 
 @dataclass(frozen=True, slots=True)
