@@ -223,9 +223,7 @@ async def decode_streamed(
                     if not splitter.done:
                         # a part holds thousands of tiles: split them off the event loop,
                         # which meanwhile dispatches the device's batches
-                        split = await anyio.to_thread.run_sync(
-                            _named, header, splitter.feed, view
-                        )
+                        split = await anyio.to_thread.run_sync(_named, header, splitter.feed, view)
                         pending.extend(split)
                 finally:
                     slot.release()
