@@ -27,11 +27,13 @@ MiB = 1024 * 1024
 
 @dataclass
 class Job:
-    """What the stage reads of a ``ChunkJob``: its bytes, and ``on_consumed``."""
+    """What the stage reads of a ``ChunkJob``: its bytes, that it holds no codestreams,
+    and ``on_consumed``."""
 
     label: int
     data: memoryview
     consumed: list[int]
+    encoded: None = None
 
     def on_consumed(self) -> None:
         self.consumed.append(self.label)
