@@ -13,8 +13,17 @@ a thread of this process (two processes: 0.31x a thread; sixteen: 1.5x).
 Native Pixel Data needs only NumPy and always decodes in a thread.
 
 The pool starts at the first object that needs it, so a worker that never sees
-compressed data never pays for it; its processes are started with ``spawn``
-(a fork of a process that runs threads can deadlock).
+compressed data never pays for it. Its processes are forked from a fork
+server: a process started from a clean interpreter, so forking it is safe
+where forking this one, which runs threads, could deadlock. The fork server
+imports ``PRELOAD`` (NumPy, pydicom and its plugins, the codec) once, and each
+process forked from it shares those pages instead of importing its own copy
+(spawned, the 4.41 GB slide's process tree peaked 14 MB higher by proportional
+set size on the 2-core machine: docs/benchmarks.md).
+Python keeps one fork server a process, and its preload list is the process's
+(set here before the pool starts; nothing else in the worker starts processes
+that way). The first process waits for the fork server's imports, about a
+second, so the pool starts in a thread, not on the event loop.
 
 A task is a group of frames: the codec description and the frames' bytes go
 to a process, the decoded array comes back. What goes wrong in a process is an
@@ -26,11 +35,14 @@ afresh for the next task.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.context import BaseContext
+from typing import Final
 
 import anyio
 import numpy as np
@@ -42,10 +54,30 @@ from ingest.errors import ProcessingError
 RLE_LOSSLESS = "1.2.840.10008.1.2.5"
 RLE_POOL_FROM = 4  # processes from which RLE frames go to the pool too
 
+# What the fork server imports: this module, and through it the codec and pydicom's
+# decoding plugins. A new process also runs its parent's main module again, the
+# worker's ``ingest.cli``, before its first task: what that imports is preloaded too,
+# but not ``ingest.cli`` itself (runpy warns when the module it runs is already there).
+PRELOAD: Final = ("ingest.dicom.decoders", "ingest.logs", "ingest.settings")
+
 
 def default_processes() -> int:
     """One process a core this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def pool_context() -> BaseContext:
+    """The fork server's context, ``PRELOAD`` set (``spawn`` where there is none)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
+    return context
+
+
+def _launch(pool: ProcessPoolExecutor, processes: int) -> None:
+    # Each submit starts a process while none is idle; the first waits for the fork server.
+    concurrent.futures.wait([pool.submit(os.getpid) for _ in range(processes)])
 
 
 class DecodePool:
@@ -54,6 +86,7 @@ class DecodePool:
     def __init__(self, processes: int = 0) -> None:
         self.processes = processes or default_processes()
         self._pool: ProcessPoolExecutor | None = None
+        self._starting = anyio.Lock()
 
     async def __aenter__(self) -> DecodePool:
         return self
@@ -63,9 +96,10 @@ class DecodePool:
 
     async def aclose(self) -> None:
         """Stop the processes; tasks not started are cancelled."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            async with self._starting:  # a pool being started is stopped too
+                pool, self._pool = self._pool, None
+            if pool is not None:
                 await anyio.to_thread.run_sync(lambda: pool.shutdown(cancel_futures=True))
 
     async def encapsulated(self, codec: Codec, frames: Sequence[bytes]) -> npt.NDArray[np.generic]:
@@ -89,21 +123,37 @@ class DecodePool:
         """
         return await anyio.to_thread.run_sync(decode_native, codec, pixel_data, first, count)
 
+    async def _started(self) -> ProcessPoolExecutor:
+        async with self._starting:
+            if self._pool is None:
+                pool = ProcessPoolExecutor(self.processes, mp_context=pool_context())
+                try:
+                    await anyio.to_thread.run_sync(_launch, pool, self.processes)
+                except BaseException:  # cancelled: what was started stops
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+                self._pool = pool
+            return self._pool
+
     async def _run(
         self, function: Callable[..., npt.NDArray[np.generic]], *args: object
     ) -> npt.NDArray[np.generic]:
-        if self._pool is None:
-            context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self.processes, mp_context=context)
-        pool = self._pool
-        future: Future[npt.NDArray[np.generic]] = pool.submit(function, *args)
+        pool = self._pool or await self._started()
+        try:
+            future: Future[npt.NDArray[np.generic]] = pool.submit(function, *args)
+        except BrokenProcessPool as exc:  # a process died since the pool started
+            raise self._broken(pool) from exc
         try:
             result: npt.NDArray[np.generic] = await asyncio.wrap_future(future)
         except BrokenProcessPool as exc:
-            if self._pool is pool:
-                self._pool = None
-                pool.shutdown(wait=False, cancel_futures=True)
-            raise ProcessingError("a decoding process died") from exc
+            raise self._broken(pool) from exc
         finally:
             future.cancel()  # a cancelled object task leaves no queued decode behind
         return result
+
+    def _broken(self, pool: ProcessPoolExecutor) -> ProcessingError:
+        """The error for a task of a broken pool, the pool discarded: the next task starts one."""
+        if self._pool is pool:
+            self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+        return ProcessingError("a decoding process died")
