@@ -47,7 +47,7 @@ DECODE_GOALS: dict[str, dict[str, float]] = {
     "ct-j2k": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 2.0},
 }
 GOAL_MODE = "ours-hook"
-GROUP_BYTES = 16 * 1024 * 1024  # decoded bytes of one task, as the worker's groups
+GROUP_BYTES = 8 * 1024 * 1024  # decoded bytes of one task, as the worker's groups
 TASKS_PER_PROCESS = 4  # at least this many tasks a process, so none waits on the last
 
 

@@ -1,21 +1,18 @@
 """An object whose Pixel Data is decoded before the device: compressed, big endian,
 palette or YBR colour, 1-bit, or with a Modality LUT Sequence.
 
-An object that fit its first GET (``decode_whole``): its frames are cut out of
-the slot (``generate_frames`` follows the Basic or Extended Offset Table, or
-the fragments when there is none). A larger encapsulated one
-(``decode_streamed``): its Pixel Data is read in ranges, in order, and each
-range's complete frames are split out of its slot as it arrives
-(``FrameSplitter``), so a slide of any size is held a few parts at a time.
-Either way frames are decoded in groups by the decoding processes, several
-groups at once; each decoded group goes to the device stage as one chunk
-(rescale, window, cast) and its result to the output writer, in frame order,
-while later groups are still being read or decoded.
+An object that fit its first GET (``decode_whole``): its frames are cut out of the
+slot (``generate_frames``: the Basic or Extended Offset Table, or the fragments). A
+larger encapsulated one (``decode_streamed``): its Pixel Data is read in ranges, in
+order, each range's complete frames split out as it arrives (``FrameSplitter``).
+Frames go in groups, several at once, to the device's decoder (``device_codecs``) or
+the decoding processes, then as one chunk each through the device stage (rescale,
+window, cast) to the output writer, in frame order, while later groups are read.
 
-Memory: the ring's slots, one frame being split, and at most one more decoded
-group than there are decoding processes, each of at most
-``GROUP_BYTES`` of decoded values and of their output (one frame when a frame
-is larger).
+Memory: the ring's slots, one frame being split, and at most one more group than
+there are decoding processes, each of at most ``GROUP_BYTES`` of decoded values and
+of their output (one frame when a frame is larger; ``DEVICE_GROUP_BYTES`` of output
+when the device decodes, its decoded values being in device memory).
 """
 
 from __future__ import annotations
@@ -52,21 +49,25 @@ from ingest.pipeline.jobs import (
 
 # A group of frames: one decode task and one device chunk. Its decoded values and its
 # output (float32: four times 8-bit values) each stay within this.
-GROUP_BYTES = 16 * 1024 * 1024
+GROUP_BYTES = 8 * 1024 * 1024
+# A group the device decodes: its decoded values live in device memory, not here.
+DEVICE_GROUP_BYTES = 16 * 1024 * 1024
 # Frames decode whole: one larger than these bounds is refused rather than held.
 MAX_DECODED_FRAME_BYTES = 256 * 1024 * 1024
 MAX_FRAME_GROWTH = 4  # a compressed frame may span this many parts
 
 
-def frames_per_group(header: DicomHeader, out_itemsize: int = 4) -> int:
-    """Frames a group holds: its decoded values and its output within ``GROUP_BYTES``."""
+def frames_per_group(header: DicomHeader, out_itemsize: int = 4, device: bool = False) -> int:
+    """Frames a group holds: its decoded values and its output within ``GROUP_BYTES``
+    (``DEVICE_GROUP_BYTES`` when the device decodes them)."""
     out_frame = header.pixel.frame_elements * out_itemsize
-    return max(1, GROUP_BYTES // max(header.pixel.frame_bytes, out_frame))
+    bound = DEVICE_GROUP_BYTES if device else GROUP_BYTES
+    return max(1, bound // max(header.pixel.frame_bytes, out_frame))
 
 
-def frame_groups(header: DicomHeader, out_itemsize: int = 4) -> list[range]:
+def frame_groups(header: DicomHeader, out_itemsize: int = 4, device: bool = False) -> list[range]:
     """Consecutive frames in groups of ``frames_per_group``."""
-    per = frames_per_group(header, out_itemsize)
+    per = frames_per_group(header, out_itemsize, device)
     frames = header.pixel.frames
     return [range(first, min(first + per, frames)) for first in range(0, frames, per)]
 
@@ -130,7 +131,7 @@ def compressed_step(
     on_cpu = cpu_step(
         ctx, target, header, group, functools.partial(ctx.decoders.encapsulated, codec, frames)
     )
-    if not ctx.device.decodes or device_colour(codec) is None:
+    if not decodes_on_device(ctx, header):
         return on_cpu
 
     async def on_device() -> ChunkResult:
@@ -171,7 +172,7 @@ async def decode_whole(
             return cpu_step(ctx, target, header, group, decode)
 
     async def produce(emit: Emit) -> None:
-        for group in frame_groups(header, out_itemsize(ctx)):
+        for group in frame_groups(header, out_itemsize(ctx), decodes_on_device(ctx, header)):
             await emit(group, step(group))
 
     await decode_in_order(ctx, target, header, produce, write)
@@ -200,7 +201,7 @@ async def decode_streamed(
         splitter = FrameSplitter(header.pixel.frames, header.offset_table, max_frame_bytes=bound)
     except (MalformedDicom, LimitExceeded) as exc:  # the Extended Offset Table's checks
         raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
-    per = frames_per_group(header, out_itemsize(ctx))
+    per = frames_per_group(header, out_itemsize(ctx), decodes_on_device(ctx, header))
 
     async def produce(emit: Emit) -> None:
         pending: list[bytes] = []
@@ -341,15 +342,17 @@ async def decode_in_order(
 
 
 def _named(header: DicomHeader, step: Callable[..., list[bytes]], *args: object) -> list[bytes]:
-    """``step(*args)`` with its refusal naming the transfer syntax.
-
-    Raises:
-        MalformedDicom, LimitExceeded: what ``step`` raised, the syntax before its message.
-    """
+    """``step(*args)``; its ``MalformedDicom`` or ``LimitExceeded`` names the syntax first."""
     try:
         return step(*args)
     except (MalformedDicom, LimitExceeded) as exc:
         raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
+
+
+def decodes_on_device(ctx: Context, header: DicomHeader) -> bool:
+    """The device decodes this object's frames (``device_codecs``)."""
+    codec = header.codec
+    return ctx.device.decodes and codec is not None and device_colour(codec) is not None
 
 
 def out_itemsize(ctx: Context) -> int:
