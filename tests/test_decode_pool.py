@@ -100,27 +100,28 @@ async def test_a_cancelled_start_leaves_the_pool_to_start_again() -> None:
     assert pool._pool is None  # closed
 
 
+# what the subprocess runs as its __main__ (dedented and written to a file by the test)
 _MAIN = """\
-import pickle
-import signal
-import sys
+    import pickle
+    import signal
+    import sys
 
-import anyio
+    import anyio
 
-import ingest.cli  # as the dicom-ingest script does
-from ingest.dicom.decoders import DecodePool
-
-
-async def decode(codec, frames):
-    async with DecodePool(2) as pool:
-        return await pool.encapsulated(codec, frames)
+    import ingest.cli  # as the dicom-ingest script does
+    from ingest.dicom.decoders import DecodePool
 
 
-if __name__ == "__main__":
-    with open(sys.argv[1], "rb") as f:
-        codec, frames = pickle.load(f)
-    array = anyio.run(decode, codec, frames)
-    print(array.shape, int(array.sum()))
+    async def decode(codec, frames):
+        async with DecodePool(2) as pool:
+            return await pool.encapsulated(codec, frames)
+
+
+    if __name__ == "__main__":
+        with open(sys.argv[1], "rb") as f:
+            codec, frames = pickle.load(f)
+        array = anyio.run(decode, codec, frames)
+        print(array.shape, int(array.sum()))
 """
 
 

@@ -60,6 +60,34 @@ def _check(reader: str, workload: Workload, frames: int, nbytes: int) -> dict[st
     return {"frames": frames, "decoded_bytes": nbytes}
 
 
+def pydicom_loop(reader: str, workload: Workload, plugin: str | None = None) -> dict[str, Any]:
+    """``dcmread`` + ``pixel_array`` over the workload's files in this thread
+    (``iter_pixels`` frame by frame for multi-frame objects), with pydicom's first
+    available plugin, or ``plugin`` when named; the figures ``_check`` gives."""
+    from pydicom import dcmread
+    from pydicom.pixels.utils import iter_pixels
+
+    frames = nbytes = 0
+    per_frame = workload.frames > len(workload.files)  # multi-frame objects
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # odd-but-readable objects; not the point here
+        for path in workload.files:
+            if per_frame:
+                for arr in iter_pixels(path, decoding_plugin=plugin or ""):
+                    frames += 1
+                    nbytes += int(arr.nbytes)
+                continue
+            ds = dcmread(path)
+            if plugin:
+                ds.pixel_array_options(decoding_plugin=plugin)
+            arr = ds.pixel_array
+            frames += int(ds.get("NumberOfFrames") or 1)
+            nbytes += int(arr.nbytes)
+            del arr, ds
+    call = "iter_pixels" if per_frame else "pixel_array"
+    return _check(reader, workload, frames, nbytes) | {"threads": 1, "pydicom_call": call}
+
+
 class PydicomLoopReader:
     """The baseline: one thread, ``dcmread`` + ``pixel_array`` per object, from its file;
     ``iter_pixels`` over a multi-frame object's frames."""
@@ -71,26 +99,7 @@ class PydicomLoopReader:
             raise ValueError(f"{workload.name}: no local files to decode")
 
     def run(self, workload: Workload) -> dict[str, Any]:
-        from pydicom import dcmread
-        from pydicom.pixels.utils import iter_pixels
-
-        frames = nbytes = 0
-        per_frame = workload.frames > len(workload.files)  # multi-frame objects
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # odd-but-readable objects; not the point here
-            for path in workload.files:
-                if per_frame:
-                    for arr in iter_pixels(path):
-                        frames += 1
-                        nbytes += int(arr.nbytes)
-                    continue
-                ds = dcmread(path)
-                arr = ds.pixel_array
-                frames += int(ds.get("NumberOfFrames") or 1)
-                nbytes += int(arr.nbytes)
-                del arr, ds
-        call = "iter_pixels" if per_frame else "pixel_array"
-        return _check(self.name, workload, frames, nbytes) | {"threads": 1, "pydicom_call": call}
+        return pydicom_loop(self.name, workload)
 
     def close(self) -> None:
         pass

@@ -28,13 +28,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-import warnings
 from typing import Any
 
 import numpy as np
 
 from ingest.bench import gpu as bench_gpu
-from ingest.bench.decode import _check, _frames_of
+from ingest.bench.decode import _check, _frames_of, pydicom_loop
 from ingest.bench.readers import ReaderSkipped
 from ingest.bench.workloads import Workload
 
@@ -168,28 +167,7 @@ class NvPluginReader:
             )
 
     def run(self, workload: Workload) -> dict[str, Any]:
-        from pydicom import dcmread
-        from pydicom.pixels.utils import iter_pixels
-
-        frames = nbytes = 0
-        per_frame = workload.frames > len(workload.files)  # multi-frame objects
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # odd-but-readable objects; not the point here
-            for path in workload.files:
-                if per_frame:
-                    for arr in iter_pixels(path, decoding_plugin=self._label):
-                        frames += 1
-                        nbytes += int(arr.nbytes)
-                    continue
-                ds = dcmread(path)
-                ds.pixel_array_options(decoding_plugin=self._label)
-                arr = ds.pixel_array
-                frames += int(ds.get("NumberOfFrames") or 1)
-                nbytes += int(arr.nbytes)
-                del arr, ds
-        call = "iter_pixels" if per_frame else "pixel_array"
-        extra = {"threads": 1, "pydicom_call": call, "decoding_plugin": self._label}
-        return _check(self.name, workload, frames, nbytes) | extra
+        return pydicom_loop(self.name, workload, self._label) | {"decoding_plugin": self._label}
 
     def close(self) -> None:
         if self._plugin is not None:
