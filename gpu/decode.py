@@ -24,6 +24,15 @@ Facts this relies on (nvImageCodec 0.9, ``python/decoder.cpp``):
 - The wrapped arena memory is ours: nvImageCodec allocates no output image,
   so steady state allocates nothing beyond the arenas' growth
   (``gpu/transfer.py``) and nvImageCodec's own scratch, sized by the batch.
+  The wrapping ``Image`` of a place in the arena is kept and given again to
+  later batches that decode a frame of the same shape there (a slide's batches
+  all look alike), since making one costs as much host time as a frame's decode.
+- A ``CodeStream`` parses its codestream's header with the GIL released (twice
+  a frame: made, then read) and depends on no decoder, so ``parse_each`` may run
+  on any thread: the pipeline parses a slide's frames as it splits them, while
+  the device thread decodes earlier ones. Frames may be views of the pinned ring
+  slots they were read into (no host copy); their owner keeps them until the
+  job's ``on_consumed``.
 
 Only formats whose result the CPU path (pydicom's ``pixel_array``) gives the
 same way are sent here (``ingest/dicom/device_codecs.py`` decides); Bits
@@ -33,16 +42,19 @@ for stored samples.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 
 from gpu.formats import PixelFormat
 
 Colour = Literal["unchanged", "rgb"]  # keep the codestream's samples; or convert YCbCr to RGB
+Parsed = tuple[Any, str]  # a frame's CodeStream and its output's typestr
+MAX_KEPT_IMAGES: Final = 8192  # places in the arena whose Image is kept for the next batches
 
 
 class DeviceDecodeError(Exception):
@@ -51,10 +63,47 @@ class DeviceDecodeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class EncodedFrames:
-    """A job's codestreams, one a frame, and the colour conversion pydicom applies to them."""
+    """A job's codestreams, one a frame, and the colour conversion pydicom applies to them;
+    ``parsed``: each frame's ``CodeStream`` and output typestr, once ``parse`` made them."""
 
     frames: tuple[bytes | memoryview, ...]
     colour: Colour = "unchanged"
+    parsed: tuple[Parsed, ...] | None = None
+
+
+def parse_each(
+    frames: Sequence[bytes | memoryview], fmt: PixelFormat, colour: Colour
+) -> list[Parsed | DeviceDecodeError]:
+    """Each frame's ``CodeStream``, made and checked against ``fmt``, or the error that
+    keeps it off the device: the host part of the decode, done on the thread that split
+    the frames out (one thread: many threads each releasing the GIL a frame at a time
+    slow each other down), so that the device thread only decodes.
+    """
+    try:
+        from nvidia import nvimgcodec
+    except ImportError as exc:
+        return [DeviceDecodeError(f"nvImageCodec is unavailable ({exc})")] * len(frames)
+    parsed: list[Parsed | DeviceDecodeError] = []
+    for frame in frames:
+        try:
+            parsed.append(_code_stream(nvimgcodec, frame, fmt, colour))
+        except DeviceDecodeError as exc:
+            parsed.append(exc)
+    return parsed
+
+
+def parse(encoded: EncodedFrames, fmt: PixelFormat) -> EncodedFrames:
+    """``encoded`` with every frame parsed (``parse_each``).
+
+    Raises:
+        DeviceDecodeError: a frame the device cannot take, or no nvImageCodec.
+    """
+    parsed = []
+    for each in parse_each(encoded.frames, fmt, encoded.colour):
+        if isinstance(each, DeviceDecodeError):
+            raise each
+        parsed.append(each)
+    return dataclasses.replace(encoded, parsed=tuple(parsed))
 
 
 def nvimgcodec_unavailable_reason() -> str | None:
@@ -104,6 +153,7 @@ class NvDecoder:
             ),
         }
         self._stats = stats
+        self._images: dict[tuple[int, tuple[int, int, int], str], Any] = {}
         for key in ("device_decoded_frames", "device_decode_calls", "device_decode_failures"):
             stats.setdefault(key, 0)
 
@@ -119,17 +169,26 @@ class NvDecoder:
         """
         failed: list[BaseException | None] = [None] * len(work)
         calls: dict[Colour, list[tuple[int, int, Any, Any]]] = {"unchanged": [], "rgb": []}
+        if len(self._images) > MAX_KEPT_IMAGES:
+            self._images.clear()
         for item, (encoded, fmt, ptr) in enumerate(work):
-            for k, frame in enumerate(encoded.frames):
+            parsed = encoded.parsed
+            if parsed is None:
                 try:
-                    stream, typestr = self._code_stream(frame, fmt, encoded.colour)
+                    parsed = parse(encoded, fmt).parsed
                 except DeviceDecodeError as exc:
                     failed[item] = exc
-                    break
-                shape = (fmt.rows, fmt.columns, fmt.samples)
-                out = _Output(ptr + k * fmt.frame_bytes, shape, typestr)
-                image = self._nv.as_image(out, cuda_stream=stream_handle)
-                calls[encoded.colour].append((item, k, stream, image))
+                    continue
+                assert parsed is not None
+            shape = (fmt.rows, fmt.columns, fmt.samples)
+            size, kept, call = fmt.frame_bytes, self._images, calls[encoded.colour]
+            for k, (stream, typestr) in enumerate(parsed):
+                place = (ptr + k * size, shape, typestr)
+                image = kept.get(place)
+                if image is None:
+                    out = _Output(place[0], shape, typestr)
+                    image = kept[place] = self._nv.as_image(out, cuda_stream=stream_handle)
+                call.append((item, k, stream, image))
         for colour, frames in calls.items():
             frames = [f for f in frames if failed[f[0]] is None]
             if not frames:
@@ -147,38 +206,40 @@ class NvDecoder:
                 cause: BaseException | None = exc
             else:
                 cause = None
+            decoded = 0
             for (item, k, _, _), image in zip(frames, images, strict=True):
                 if image is None and failed[item] is None:
                     error = DeviceDecodeError(f"nvImageCodec could not decode frame {k}")
                     error.__cause__ = cause
                     failed[item] = error
-                elif image is not None:
-                    self._stats["device_decoded_frames"] += 1
+                decoded += image is not None
+            self._stats["device_decoded_frames"] += decoded
         self._stats["device_decode_failures"] += sum(f is not None for f in failed)
         return failed
 
-    def _code_stream(
-        self, frame: bytes | memoryview, fmt: PixelFormat, colour: Colour
-    ) -> tuple[Any, str]:
-        """The frame's ``CodeStream`` (over its bytes, no copy) and its output's typestr.
 
-        Raises:
-            DeviceDecodeError: the codestream cannot be parsed or declares another image.
-        """
-        data = np.frombuffer(frame, dtype=np.uint8)
-        try:
-            stream = self._nv.CodeStream(data)
-            height, width = stream.height, stream.width
-            channels = 3 if colour == "rgb" else stream.num_channels
-            dtype = np.dtype(stream.dtype)
-        except Exception as exc:
-            raise DeviceDecodeError(f"nvImageCodec cannot parse the codestream ({exc})") from exc
-        declared = (height, width, channels, dtype.itemsize)
-        wanted = (fmt.rows, fmt.columns, fmt.samples, fmt.itemsize)
-        if declared != wanted:
-            raise DeviceDecodeError(
-                f"the codestream declares {height} x {width} x {channels} samples of"
-                f" {dtype.itemsize * 8} bits; the header {fmt.rows} x {fmt.columns} x"
-                f" {fmt.samples} of {fmt.bits_allocated}"
-            )
-        return stream, dtype.str
+def _code_stream(
+    nv: Any, frame: bytes | memoryview, fmt: PixelFormat, colour: Colour
+) -> tuple[Any, str]:
+    """The frame's ``CodeStream`` (over its bytes, no copy) and its output's typestr.
+
+    Raises:
+        DeviceDecodeError: the codestream cannot be parsed or declares another image.
+    """
+    data = np.frombuffer(frame, dtype=np.uint8)
+    try:
+        stream = nv.CodeStream(data)
+        height, width = stream.height, stream.width
+        channels = 3 if colour == "rgb" else stream.num_channels
+        dtype = np.dtype(stream.dtype)
+    except Exception as exc:
+        raise DeviceDecodeError(f"nvImageCodec cannot parse the codestream ({exc})") from exc
+    declared = (height, width, channels, dtype.itemsize)
+    wanted = (fmt.rows, fmt.columns, fmt.samples, fmt.itemsize)
+    if declared != wanted:
+        raise DeviceDecodeError(
+            f"the codestream declares {height} x {width} x {channels} samples of"
+            f" {dtype.itemsize * 8} bits; the header {fmt.rows} x {fmt.columns} x"
+            f" {fmt.samples} of {fmt.bits_allocated}"
+        )
+    return stream, dtype.str

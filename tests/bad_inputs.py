@@ -59,7 +59,7 @@ from ingest.errors import (
 )
 from ingest.pipeline.decoded import (
     MAX_FRAME_GROWTH,
-    _named,
+    named,
     check_frame_size,
     compressed_frames,
     frame_groups,
@@ -1041,12 +1041,13 @@ def decode_as_worker(data: bytes) -> npt.NDArray[Any] | None:
         splitter = FrameSplitter(header.pixel.frames, header.offset_table, max_frame_bytes=bound)
     except (MalformedDicom, LimitExceeded) as exc:
         raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
-    frames = []
+    streamed: list[bytes] = []
     for part in ranges:
         if not splitter.done:
-            frames += _named(header, splitter.feed, memoryview(data)[part.start : part.end])
-    frames += _named(header, splitter.finish)
-    return _decode_groups(header, frames)
+            split = named(header, splitter.feed, memoryview(data)[part.start : part.end])
+            streamed += map(bytes, split)
+    streamed += map(bytes, named(header, splitter.finish))
+    return _decode_groups(header, streamed)
 
 
 def _decode_groups(header: DicomHeader, frames: list[bytes]) -> npt.NDArray[Any]:

@@ -71,15 +71,15 @@ def pieces(data: bytes, sizes: Sequence[int]) -> Iterator[bytes]:
 
 
 def split(
-    value: Value, sizes: Sequence[int] = (4096,), bound: int = ROOMY
-) -> tuple[list[bytes], Exception | None]:
+    value: Value, sizes: Sequence[int] = (4096,), bound: int = ROOMY, views: bool = False
+) -> tuple[list[bytes | memoryview], Exception | None]:
     """Our frames, fed ``value`` in pieces of ``sizes`` (cycled), and the error if refused.
 
     Checks on the way that no more than a frame's bound and a partial header is held.
     """
-    frames: list[bytes] = []
+    frames: list[bytes | memoryview] = []
     try:
-        splitter = FrameSplitter(value.frames, value.eot, max_frame_bytes=bound)
+        splitter = FrameSplitter(value.frames, value.eot, max_frame_bytes=bound, views=views)
         for piece in pieces(value.data, sizes):
             frames += splitter.feed(memoryview(piece))
             assert splitter.buffered <= bound + ITEM_HEADER - 1
@@ -92,8 +92,11 @@ def split(
 
 
 def check_against_pydicom(value: Value, sizes: Sequence[int], bound: int = ROOMY) -> bool:
-    """The property of the module docstring; True when the splitter finished."""
+    """The property of the module docstring; True when the splitter finished. Frames
+    handed out as views of the fed bytes (``views``) are the same frames."""
+    viewed, _ = split(value, sizes, bound, views=True)
     ours, error = split(value, sizes, bound)
+    assert viewed == ours
     theirs, clean = reference(value)
     assert ours[: len(theirs)] == theirs[: len(ours)]
     if error is None:
@@ -391,6 +394,22 @@ def test_frame_over_the_bound(value: Value) -> None:
 def test_eot_frame_over_the_bound() -> None:
     with pytest.raises(LimitExceeded):
         FrameSplitter(2, (table(0, 16), table(8, 9999)), max_frame_bytes=99)
+
+
+def test_views_of_whole_items_copies_of_the_rest() -> None:
+    """With ``views``, a frame that is one item inside one ``feed`` is a view of the fed
+    bytes (no copy); one that straddles two feeds is copied."""
+    frames = jpeg_like(3, 100)
+    slot = bytearray(encapsulate(frames, 1) + DELIMITER)
+    first_item = len(slot) - len(DELIMITER) - sum(8 + len(f) for f in frames)  # after the BOT
+    cut = first_item + 2 * (8 + len(frames[0])) + 50  # inside the third frame
+    splitter = FrameSplitter(3, max_frame_bytes=ROOMY, views=True)
+    head = splitter.feed(memoryview(slot)[:cut])
+    tail = splitter.feed(memoryview(slot)[cut:])
+    assert head + tail == frames
+    assert [type(f) for f in head + tail] == [memoryview, memoryview, bytes]
+    slot[first_item + 8] ^= 0xFF  # the views see the slot's bytes
+    assert head[0] != frames[0] and tail[0] == frames[2]
 
 
 def test_no_reference_to_the_fed_buffer() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Sequence
 from io import BytesIO
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import pytest
 from pydicom import dcmread
 from pydicom.encaps import generate_frames
 
-from gpu.decode import DeviceDecodeError, EncodedFrames, nvimgcodec_unavailable_reason
+from gpu.decode import DeviceDecodeError, EncodedFrames, nvimgcodec_unavailable_reason, parse
 from gpu.formats import Transform
 from gpu.preprocess import preprocess_numpy
 from gpu.thread import ChunkJob, ChunkResult, DeviceThread, cuda_unavailable_reason
@@ -78,7 +79,7 @@ def _cases() -> list[tuple[str, Codec, list[bytes]]]:
 CASES = _cases()
 
 
-def _job(codec: Codec, frames: list[bytes]) -> ChunkJob:
+def _job(codec: Codec, frames: Sequence[bytes | memoryview]) -> ChunkJob:
     colour = matching_colour(codec)
     assert colour is not None
     return ChunkJob(
@@ -174,3 +175,28 @@ def test_groups_of_one_object_are_placed_by_their_first_sample() -> None:
     assert all(isinstance(o, ChunkResult) and o.host is not None for o in outcomes), outcomes
     hosts = [o.host for o in outcomes if isinstance(o, ChunkResult) and o.host is not None]
     assert np.concatenate(hosts[1:]).tobytes() == hosts[0].tobytes()
+
+
+def test_frames_parsed_off_the_device_thread_and_views_decode_the_same() -> None:
+    """The pipeline parses a group's codestreams on its own thread (``parse``) and hands
+    frames that are views of the ring slot they were read into: the same outputs; a
+    frame that declares another image is refused by ``parse`` itself."""
+    _, codec, frames = next(c for c in CASES if c[0] == "samples/jpeg-slide")
+    slot = bytearray(b"".join(frames))
+    views, at = [], 0
+    for frame in frames:
+        views.append(memoryview(slot)[at : at + len(frame)])
+        at += len(frame)
+    plain = _job(codec, frames)
+    viewed = _job(codec, views)
+    assert viewed.encoded is not None
+    parsed = dataclasses.replace(viewed, encoded=parse(viewed.encoded, viewed.fmt))
+    outcomes, stats = _run([plain, parsed])
+    hosts = [o.host for o in outcomes if isinstance(o, ChunkResult) and o.host is not None]
+    assert len(hosts) == 2, outcomes
+    assert hosts[0].tobytes() == hosts[1].tobytes()
+    assert stats["device_decode_failures"] == 0
+    lying = EncodedFrames((frames[0],), "rgb")
+    small = dataclasses.replace(plain.fmt, rows=plain.fmt.rows // 2)
+    with pytest.raises(DeviceDecodeError, match="declares"):
+        parse(lying, small)

@@ -49,6 +49,8 @@ _DELIMITER_TAG: Final = b"\xfe\xff\xdd\xe0"
 _UNDEFINED: Final = 0xFFFFFFFF
 _EOI: Final = b"\xff\xd9"
 _LENGTH: Final = struct.Struct("<I")
+_HEADER: Final = struct.Struct("<II")  # an item header as two words: its tag, its length
+_ITEM_WORD: Final = 0xE000FFFE  # (FFFE,E000) read as a little-endian word
 
 # How frames are found: with a table, or without one (see the module docstring).
 _EOT, _BOT, _ONE = "eot", "bot", "one"  # EOT; BOT; no table, a single frame
@@ -77,6 +79,10 @@ class FrameSplitter:
     """Feeds on the Pixel Data value's bytes in order; hands out each frame's codestream as
     soon as it is complete. Holds at most ``max_frame_bytes`` and a partial item header,
     copied (nothing ``feed`` is given is kept), and the BOT's 4 bytes a frame.
+
+    With ``views``, a frame that is one item wholly inside the bytes ``feed`` was given
+    comes out as a view of them, not a copy (the caller keeps those bytes as they are
+    while it uses the frame); any other frame is copied.
     """
 
     def __init__(
@@ -85,12 +91,13 @@ class FrameSplitter:
         extended_offsets: tuple[bytes, bytes] | None = None,
         *,
         max_frame_bytes: int,
+        views: bool = False,
     ) -> None:
         if max_frame_bytes < 1:
             raise ValueError("max_frame_bytes must be positive")
         if number_of_frames < 1:
             raise MalformedDicom(f"Number of Frames is {number_of_frames}")
-        self._n, self._max = number_of_frames, max_frame_bytes
+        self._n, self._max, self._views = number_of_frames, max_frame_bytes, views
         self._max_held = max(1024, max_frame_bytes // 64)  # held fragments cost ~64 B each
         self._offsets = self._lengths = self._bot = array("I")  # the tables
         self._mode = ""  # set by the BOT item, unless there is an EOT
@@ -120,7 +127,7 @@ class FrameSplitter:
         self._group = 0  # _HOLD: bytes since the last marker
         self._open = 0  # _MARKS: fragments since the last marker
         self._emitted = 0
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._done = False
 
     @property
@@ -143,19 +150,23 @@ class FrameSplitter:
         """Bytes held: frame data (at most ``max_frame_bytes``) and a partial item header."""
         return len(self._head) + self._size + self._held_bytes
 
-    def feed(self, data: bytes | memoryview) -> list[bytes]:
+    def feed(self, data: bytes | memoryview) -> list[bytes | memoryview]:
         """Take the value's next bytes; the frames they complete, in order.
 
         Raises:
             MalformedDicom: the value contradicts itself or Number of Frames.
             LimitExceeded: a frame (or the bytes held to tell frames apart) is too large.
         """
-        out: list[bytes] = []
+        out: list[bytes | memoryview] = []
         self._out = out
         with memoryview(data) as raw, raw.cast("B") as view:
             at, end = 0, len(view)
             while at < end and not self._done:
                 if self._left == 0:  # no slice of ``view`` outlives its statement
+                    if not self._head:
+                        at = self._whole_items(view, at, end)
+                        if at == end:
+                            break
                     need = min(ITEM_HEADER - len(self._head), end - at)
                     self._head += view[at : at + need]
                     at += need
@@ -172,7 +183,7 @@ class FrameSplitter:
                     self._item_end()
         return out
 
-    def finish(self) -> list[bytes]:
+    def finish(self) -> list[bytes | memoryview]:
         """At the end of the data: the frames not yet given (none once ``done``).
 
         Raises:
@@ -183,6 +194,50 @@ class FrameSplitter:
         where = f"{self._left} bytes short of the item at {self._item_at}" if self._left else ""
         where = f"inside the item header at {self._pos}" if self._head else where
         raise MalformedDicom(f"the Pixel Data value ends {where or 'with no Sequence Delimiter'}")
+
+    def _whole_items(self, view: memoryview, at: int, end: int) -> int:
+        """Take the items wholly in ``view`` from ``at`` that are each one frame (or, with
+        an EOT, one the table skips) as the state machine would, in fewer steps: a slide
+        holds a million such tiles. Stops at the first item that needs the full reading
+        (any other case, the delimiter, anything malformed), which ``feed`` then takes
+        through ``_header``; returns where it stopped.
+        """
+        mode, n = self._mode, self._n
+        if self._first < 0 or self._size or mode not in (_EOT, _BOT, _EACH, _EACH_OR_MARKS):
+            return at
+        while at + ITEM_HEADER <= end:
+            tag, length = _HEADER.unpack_from(view, at)
+            stop = at + ITEM_HEADER + length
+            if tag != _ITEM_WORD or stop > end or length > self._max:  # also undefined length
+                break
+            offset, k = self._pos - self._first, self._k
+            if mode == _EOT:
+                if k >= n or offset > self._offsets[k] or self._lengths[k] > length:
+                    break
+                if offset == self._offsets[k]:  # else an item the table skips
+                    self._emit(self._frame(view, at + ITEM_HEADER, self._lengths[k]))
+                    self._k = k + 1
+            elif mode == _BOT:
+                if k + 1 >= n or offset != self._bot[k] or self._bot[k + 1] != stop - at + offset:
+                    break
+                self._emit(self._frame(view, at + ITEM_HEADER, length))
+                self._k = k + 1
+            else:
+                if self._fragments >= n:
+                    break
+                if mode == _EACH_OR_MARKS and (
+                    length == 0 or _EOI not in bytes(view[stop - min(10, length) : stop])
+                ):
+                    break
+                self._emit(self._frame(view, at + ITEM_HEADER, length))
+            self._fragments += 1
+            self._item_at, self._pos, at = self._pos, self._pos + stop - at, stop
+        return at
+
+    def _frame(self, view: memoryview, at: int, length: int) -> bytes | memoryview:
+        """The frame at ``view[at : at + length]``: a view of it or a copy (``views``)."""
+        frame = view[at : at + length]
+        return frame if self._views else bytes(frame)
 
     def _header(self, head: bytes) -> None:
         """An item header is complete: check it and say how much of its value to keep."""
@@ -258,7 +313,7 @@ class FrameSplitter:
         data = self._one if self._one is not None else self._buf
         return tail > 0 and _EOI in data[-tail:]
 
-    def _emit(self, frame: bytes) -> None:
+    def _emit(self, frame: bytes | memoryview) -> None:
         self._emitted += 1
         if self._emitted > self._n:
             raise MalformedDicom(f"more frames than the {self._n} of Number of Frames")

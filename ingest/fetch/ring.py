@@ -69,15 +69,15 @@ class Slot:
         self.index = index
         self.view = view
 
-    def retain(self) -> None:
-        """Take one more reference (call on the event loop)."""
+    def retain(self, count: int = 1) -> None:
+        """Take ``count`` more references (call on the event loop)."""
         if self._refs <= 0:
             raise RuntimeError(f"slot {self.index} retained after it was returned")
-        self._refs += 1
+        self._refs += count
 
-    def release(self) -> None:
-        """Drop one reference (call on the event loop); the last one frees the slot."""
-        self._refs -= 1
+    def release(self, count: int = 1) -> None:
+        """Drop ``count`` references (call on the event loop); the last one frees the slot."""
+        self._refs -= count
         if self._refs == 0:
             self._home.take_back(self)
         elif self._refs < 0:

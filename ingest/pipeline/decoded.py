@@ -3,24 +3,26 @@ palette or YBR colour, 1-bit, or with a Modality LUT Sequence.
 
 An object that fit its first GET (``decode_whole``): its frames are cut out of the
 slot (``generate_frames``: the Basic or Extended Offset Table, or the fragments). A
-larger encapsulated one (``decode_streamed``): its Pixel Data is read in ranges, in
-order, each range's complete frames split out as it arrives (``FrameSplitter``).
-Frames go in groups, several at once, to the device's decoder (``device_codecs``) or
-the decoding processes, then as one chunk each through the device stage (rescale,
+larger encapsulated one (``streamed.decode_streamed``): its Pixel Data is read in
+ranges, in order, each range's complete frames split out as it arrives. Frames go
+in groups, several at once, to the device's decoder (``device_codecs``) or the
+decoding processes, then as one chunk each through the device stage (rescale,
 window, cast) to the output writer, in frame order, while later groups are read.
 
 Memory: the ring's slots, one frame being split, and at most one more group than
 there are decoding processes, each of at most ``GROUP_BYTES`` of decoded values and
-of their output (one frame when a frame is larger; ``DEVICE_GROUP_BYTES`` of output
-when the device decodes, its decoded values being in device memory).
+of their output (one frame when a frame is larger). When the device decodes, a group
+holds ``DEVICE_GROUP_BYTES`` of output where results come back to host memory, else
+of decoded values, which are then in device memory only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import numpy as np
@@ -28,11 +30,10 @@ import numpy.typing as npt
 from anyio.abc import TaskGroup
 from pydicom.encaps import generate_frames
 
-from gpu.decode import DeviceDecodeError
+from gpu.decode import DeviceDecodeError, Parsed
 from gpu.thread import ChunkResult
 from ingest.dicom.codec_read import syntax_name
 from ingest.dicom.device_codecs import device_colour
-from ingest.dicom.encapsulated import FrameSplitter, value_ranges
 from ingest.dicom.header import DicomHeader
 from ingest.dicom.syntaxes import EXPLICIT_VR_BE, is_compressed
 from ingest.errors import IngestError, LimitExceeded, MalformedDicom, ProcessingError
@@ -50,26 +51,37 @@ from ingest.pipeline.jobs import (
 # A group of frames: one decode task and one device chunk. Its decoded values and its
 # output (float32: four times 8-bit values) each stay within this.
 GROUP_BYTES = 8 * 1024 * 1024
-# A group the device decodes: its decoded values live in device memory, not here.
+# A group the device decodes: its decoded values live in device memory, not here, and
+# so does its output when no result comes back to the host (a hook without the sink).
 DEVICE_GROUP_BYTES = 16 * 1024 * 1024
 # Frames decode whole: one larger than these bounds is refused rather than held.
 MAX_DECODED_FRAME_BYTES = 256 * 1024 * 1024
 MAX_FRAME_GROWTH = 4  # a compressed frame may span this many parts
 
 
-def frames_per_group(header: DicomHeader, out_itemsize: int = 4, device: bool = False) -> int:
-    """Frames a group holds: its decoded values and its output within ``GROUP_BYTES``
-    (``DEVICE_GROUP_BYTES`` when the device decodes them)."""
+def frames_per_group(
+    header: DicomHeader, out_itemsize: int = 4, device: bool = False, host_output: bool = True
+) -> int:
+    """Frames a group holds: its decoded values and its output within ``GROUP_BYTES``;
+    when the device decodes them, their output (``host_output``) or else their decoded
+    values within ``DEVICE_GROUP_BYTES``."""
     out_frame = header.pixel.frame_elements * out_itemsize
-    bound = DEVICE_GROUP_BYTES if device else GROUP_BYTES
-    return max(1, bound // max(header.pixel.frame_bytes, out_frame))
+    if device:
+        held = max(header.pixel.frame_bytes, out_frame) if host_output else header.pixel.frame_bytes
+        return max(1, DEVICE_GROUP_BYTES // held)
+    return max(1, GROUP_BYTES // max(header.pixel.frame_bytes, out_frame))
 
 
-def frame_groups(header: DicomHeader, out_itemsize: int = 4, device: bool = False) -> list[range]:
+def frame_groups(
+    header: DicomHeader, out_itemsize: int = 4, device: bool = False, host_output: bool = True
+) -> list[range]:
     """Consecutive frames in groups of ``frames_per_group``."""
-    per = frames_per_group(header, out_itemsize, device)
+    per = frames_per_group(header, out_itemsize, device, host_output)
     frames = header.pixel.frames
     return [range(first, min(first + per, frames)) for first in range(0, frames, per)]
+
+
+Frame = bytes | memoryview  # a codestream; a view of the ring slot it was read into
 
 
 def compressed_frames(header: DicomHeader, value: memoryview) -> list[bytes]:
@@ -121,22 +133,51 @@ def cpu_step(
     return step
 
 
+Hold = Callable[[], Callable[[], None]]  # keeps a group's frames; returns what lets them go
+
+
 def compressed_step(
-    ctx: Context, target: Target, header: DicomHeader, group: range, frames: list[bytes]
+    ctx: Context,
+    target: Target,
+    header: DicomHeader,
+    group: range,
+    frames: Sequence[Frame],
+    parsed: Sequence[Parsed | DeviceDecodeError] | None = None,
+    hold: Hold | None = None,
 ) -> Step:
     """A group of codestreams: decoded on the device where it decodes them
-    (``device_codecs``), else, or when the device fails them, on the CPU."""
+    (``device_codecs``), else, or when the device refuses them, on the CPU.
+
+    ``parsed``: the frames' codestreams as the splitting thread parsed them
+    (``gpu.decode.parse_each``); a group with a frame refused there goes to the CPU,
+    and without them the device thread parses. ``hold``, for frames that are views of
+    ring slots, keeps them for the device job (the step's caller keeps them while the
+    step runs) and gives the release that the job's ``on_consumed`` calls.
+    """
     codec = header.codec
     assert codec is not None
-    on_cpu = cpu_step(
-        ctx, target, header, group, functools.partial(ctx.decoders.encapsulated, codec, frames)
-    )
+
+    async def decode() -> npt.NDArray[np.generic]:  # the processes take bytes
+        return await ctx.decoders.encapsulated(codec, [bytes(frame) for frame in frames])
+
+    on_cpu = cpu_step(ctx, target, header, group, decode)
     if not decodes_on_device(ctx, header):
         return on_cpu
+    ready: tuple[Parsed, ...] | None = None
+    if parsed is not None:
+        if any(isinstance(p, DeviceDecodeError) for p in parsed):
+            return on_cpu  # the CPU decodes it, or names what is wrong with it
+        ready = tuple(p for p in parsed if not isinstance(p, DeviceDecodeError))
 
     async def on_device() -> ChunkResult:
+        job = encoded_job(ctx, target, header, frames, group.start)
+        assert job.encoded is not None
+        if ready is not None:
+            job = dataclasses.replace(job, encoded=dataclasses.replace(job.encoded, parsed=ready))
+        if hold is not None:
+            job = dataclasses.replace(job, on_consumed=hold())
         try:
-            return await ctx.device.process(encoded_job(ctx, target, header, frames, group.start))
+            return await ctx.device.process(job)
         except ProcessingError as exc:
             if not isinstance(exc.__cause__, DeviceDecodeError):
                 raise
@@ -172,68 +213,11 @@ async def decode_whole(
             return cpu_step(ctx, target, header, group, decode)
 
     async def produce(emit: Emit) -> None:
-        for group in frame_groups(header, out_itemsize(ctx), decodes_on_device(ctx, header)):
+        device = decodes_on_device(ctx, header)
+        for group in frame_groups(header, out_itemsize(ctx), device, results_to_host(ctx)):
             await emit(group, step(group))
 
     await decode_in_order(ctx, target, header, produce, write)
-
-
-async def decode_streamed(
-    ctx: Context, obj: Located, header: DicomHeader, hasher: SourceDigest, write: Write
-) -> None:
-    """Decode, preprocess and write the frames of a large encapsulated object as its
-    ranges arrive: the value is read in order from its first byte to the object's end
-    (the hash takes every range), each range's complete frames are split out of its
-    slot (``FrameSplitter``) and the slot released, and frames are decoded in groups.
-
-    Raises:
-        IngestError: a read, fragments that disagree with the header, a frame too
-            large, a decode, the device or ``write``.
-    """
-    codec = header.codec
-    assert codec is not None
-    check_frame_size(header)
-    part_size = ctx.settings.part_size
-    ranges = value_ranges(header.pixel_offset, None, obj.head.size, part_size)
-    # a compressed frame rarely exceeds its decoded size; a part or two is the usual
-    bound = max(MAX_FRAME_GROWTH * part_size, 2 * header.pixel.frame_bytes)
-    try:
-        splitter = FrameSplitter(header.pixel.frames, header.offset_table, max_frame_bytes=bound)
-    except (MalformedDicom, LimitExceeded) as exc:  # the Extended Offset Table's checks
-        raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
-    per = frames_per_group(header, out_itemsize(ctx), decodes_on_device(ctx, header))
-
-    async def produce(emit: Emit) -> None:
-        pending: list[bytes] = []
-        first = 0
-
-        async def flush(at_least: int) -> None:
-            nonlocal pending, first
-            while pending and len(pending) >= at_least:
-                part, pending = pending[:per], pending[per:]
-                group = range(first, first + len(part))
-                first = group.stop
-                await emit(group, compressed_step(ctx, obj.target, header, group, part))
-
-        async with object_reads(ctx, obj, ranges, hasher) as reads:
-            index = 0
-            async for slot, view in reads:
-                try:
-                    if hasher.in_order:
-                        await anyio.to_thread.run_sync(hasher.update, ranges[index].start, view)
-                    if not splitter.done:
-                        # a part holds thousands of tiles: split them off the event loop,
-                        # which meanwhile dispatches the device's batches
-                        split = await anyio.to_thread.run_sync(_named, header, splitter.feed, view)
-                        pending.extend(split)
-                finally:
-                    slot.release()
-                index += 1
-                await flush(per)
-        pending.extend(_named(header, splitter.finish))
-        await flush(1)
-
-    await decode_in_order(ctx, obj.target, header, produce, write)
 
 
 async def decode_streamed_native(
@@ -341,7 +325,7 @@ async def decode_in_order(
         raise failure
 
 
-def _named(header: DicomHeader, step: Callable[..., list[bytes]], *args: object) -> list[bytes]:
+def named(header: DicomHeader, step: Callable[..., list[Frame]], *args: object) -> list[Frame]:
     """``step(*args)``; its ``MalformedDicom`` or ``LimitExceeded`` names the syntax first."""
     try:
         return step(*args)
@@ -357,6 +341,11 @@ def decodes_on_device(ctx: Context, header: DicomHeader) -> bool:
 
 def out_itemsize(ctx: Context) -> int:
     return 2 if ctx.settings.output_dtype == "float16" else 4
+
+
+def results_to_host(ctx: Context) -> bool:
+    """Chunk results come back to host memory (the sink writes them)."""
+    return ctx.settings.sink != "none"
 
 
 def check_frame_size(header: DicomHeader) -> None:

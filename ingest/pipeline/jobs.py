@@ -8,6 +8,7 @@ the timings.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -156,7 +157,11 @@ def decoded_job(
 
 
 def encoded_job(
-    ctx: Context, ref: Target, header: DicomHeader, frames: list[bytes], first_frame: int
+    ctx: Context,
+    ref: Target,
+    header: DicomHeader,
+    frames: Sequence[bytes | memoryview],
+    first_frame: int,
 ) -> ChunkJob:
     """The device job that decodes ``frames`` (codestreams, from frame ``first_frame`` on)
     on the device and preprocesses them (``gpu.decode``); the caller checked

@@ -24,7 +24,7 @@ from ingest.errors import LimitExceeded, MalformedDicom
 from ingest.fetch.digest import SourceDigest
 from ingest.fetch.ordered_reads import InOrder
 from ingest.fetch.planning import ByteRange, PixelChunk, split_range
-from ingest.pipeline.decoded import decode_streamed, decode_streamed_native
+from ingest.pipeline.decoded import decode_streamed_native
 from ingest.pipeline.jobs import (
     Context,
     Done,
@@ -36,6 +36,7 @@ from ingest.pipeline.jobs import (
     pixel_chunks,
     pixels_start,
 )
+from ingest.pipeline.streamed import decode_streamed
 from ingest.settings import Settings
 from ingest.sink.output import ArrayWriter, DiscardWriter
 from ingest.sink.records import Timings

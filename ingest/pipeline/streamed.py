@@ -1,0 +1,192 @@
+"""A large encapsulated object decoded as its ranges arrive (``decode_streamed``).
+
+Its Pixel Data value is read in order, in ranges, from its first byte to the
+object's end (the hash takes every range); each range's complete frames are split
+out of its ring slot (``FrameSplitter``) while the next ones are read, and frames
+go on in groups (``decoded.compressed_step``), in frame order.
+
+Frames the device decodes are not copied out of the slot: each is a view of the
+pinned slot it was read into, from which nvImageCodec reads it (a slide's tiles
+are ~30 KB, and their copy was half the host time of a tile). The slot then stays
+out of the ring until its frames are decoded: each view holds a reference on it
+(``_SlotRefs``) until its group's step is done, and the group's device job holds
+one more until the device thread has read the frames (its ``on_consumed``), since
+a cancelled step may leave its job behind on the device. A frame split across two
+ranges, and every frame the CPU decodes, is copied.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+import anyio
+
+from gpu.decode import DeviceDecodeError, Parsed, parse_each
+from gpu.thread import ChunkResult
+from ingest.dicom.codec_read import syntax_name
+from ingest.dicom.device_codecs import device_colour, device_format
+from ingest.dicom.encapsulated import FrameSplitter, value_ranges
+from ingest.dicom.header import DicomHeader
+from ingest.errors import LimitExceeded, MalformedDicom
+from ingest.fetch.digest import SourceDigest
+from ingest.fetch.ring import Slot
+from ingest.pipeline.decoded import (
+    MAX_FRAME_GROWTH,
+    Emit,
+    Frame,
+    Hold,
+    Step,
+    Write,
+    check_frame_size,
+    compressed_step,
+    decode_in_order,
+    decodes_on_device,
+    frames_per_group,
+    named,
+    out_itemsize,
+    results_to_host,
+)
+from ingest.pipeline.jobs import Context, Located, object_reads
+
+
+async def decode_streamed(
+    ctx: Context, obj: Located, header: DicomHeader, hasher: SourceDigest, write: Write
+) -> None:
+    """Decode, preprocess and write the frames of a large encapsulated object as its
+    ranges arrive, in groups, the device's frames left in their slots.
+
+    Raises:
+        IngestError: a read, fragments that disagree with the header, a frame too
+            large, a decode, the device or ``write``.
+    """
+    codec = header.codec
+    assert codec is not None
+    check_frame_size(header)
+    part_size = ctx.settings.part_size
+    ranges = value_ranges(header.pixel_offset, None, obj.head.size, part_size)
+    # a compressed frame rarely exceeds its decoded size; a part or two is the usual
+    bound = max(MAX_FRAME_GROWTH * part_size, 2 * header.pixel.frame_bytes)
+    device = decodes_on_device(ctx, header)
+    try:
+        splitter = FrameSplitter(
+            header.pixel.frames, header.offset_table, max_frame_bytes=bound, views=device
+        )
+    except (MalformedDicom, LimitExceeded) as exc:  # the Extended Offset Table's checks
+        raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
+    per = frames_per_group(header, out_itemsize(ctx), device, results_to_host(ctx))
+    refs = _SlotRefs()
+    fmt, colour = device_format(codec), device_colour(codec)
+
+    def parsed_for_device(frames: list[Frame]) -> list[Parsed | DeviceDecodeError]:
+        return parse_each(frames, fmt, colour) if device and colour is not None else []
+
+    def split(view: memoryview) -> tuple[list[Frame], list[Parsed | DeviceDecodeError]]:
+        """The frames ``view`` completes and, for the device, their codestreams parsed."""
+        frames = named(header, splitter.feed, view)
+        return frames, parsed_for_device(frames)
+
+    async def produce(emit: Emit) -> None:
+        pending: list[Frame] = []
+        parsed: list[Parsed | DeviceDecodeError] = []  # for the device: each pending frame's
+        owners: list[Slot | None] = []  # the slot each pending frame is a view of
+        first = 0
+
+        async def flush(at_least: int) -> None:
+            nonlocal pending, parsed, owners, first
+            while pending and len(pending) >= at_least:
+                part, pending = pending[:per], pending[per:]
+                ready, parsed = (parsed[:per] or None), parsed[per:]
+                held = Counter(slot for slot in owners[:per] if slot is not None)
+                owners = owners[per:]
+                group = range(first, first + len(part))
+                first = group.stop
+                hold = _device_hold(held) if held else None
+                step = compressed_step(ctx, obj.target, header, group, part, ready, hold)
+                await emit(group, refs.holding(held, step))
+
+        async with object_reads(ctx, obj, ranges, hasher) as reads:
+            index = 0
+            async for slot, view in reads:
+                try:
+                    if hasher.in_order:
+                        await anyio.to_thread.run_sync(hasher.update, ranges[index].start, view)
+                    if not splitter.done:
+                        # a part holds thousands of tiles: split them off the event loop,
+                        # which meanwhile dispatches the device's batches
+                        frames, codestreams = await anyio.to_thread.run_sync(split, view)
+                        viewed = [slot if isinstance(f, memoryview) else None for f in frames]
+                        refs.take(slot, len(viewed) - viewed.count(None))
+                        pending.extend(frames)
+                        parsed.extend(codestreams)
+                        owners.extend(viewed)
+                finally:
+                    slot.release()
+                index += 1
+                await flush(per)
+        last = named(header, splitter.finish)
+        pending.extend(last)
+        parsed.extend(parsed_for_device(last))
+        owners.extend([None] * len(last))
+        await flush(1)
+
+    try:
+        await decode_in_order(ctx, obj.target, header, produce, write)
+    finally:
+        refs.give_back_all()  # frames never grouped, steps never started
+
+
+class _SlotRefs:
+    """The references an object's frames hold on ring slots, one a frame split out as a
+    view of its slot: each group's step gives its frames' back when it is done, and
+    whatever is left when the object ends (it failed or was cancelled) goes back then.
+    Used on the event loop only."""
+
+    def __init__(self) -> None:
+        self._held: Counter[Slot] = Counter()
+
+    def take(self, slot: Slot, count: int) -> None:
+        if count:
+            slot.retain(count)
+            self._held[slot] += count
+
+    def give_back(self, counts: Counter[Slot]) -> None:
+        for slot, count in counts.items():
+            count = min(count, self._held[slot])
+            if count:
+                self._held[slot] -= count
+                slot.release(count)
+
+    def give_back_all(self) -> None:
+        self.give_back(Counter(self._held))
+
+    def holding(self, counts: Counter[Slot], step: Step) -> Step:
+        """``step``, which gives ``counts`` back when it ends."""
+        if not counts:
+            return step
+
+        async def held() -> ChunkResult:
+            try:
+                return await step()
+            finally:
+                self.give_back(counts)
+
+        return held
+
+
+def _device_hold(slots: Iterable[Slot]) -> Hold:
+    """Keeps ``slots`` for a device job: one reference each, taken on the event loop
+    when the job is made; the release the device thread calls once it read them."""
+    distinct = list(slots)
+
+    def hold() -> Callable[[], None]:
+        for slot in distinct:
+            slot.retain()
+
+        def release() -> None:
+            for slot in distinct:
+                slot.release_threadsafe()
+
+        return release
+
+    return hold
