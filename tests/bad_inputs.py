@@ -44,8 +44,9 @@ from pydicom.uid import UID, JPEGBaseline8Bit, RLELossless
 
 from ingest.dicom.codec import decode_encapsulated
 from ingest.dicom.codec_read import syntax_name
-from ingest.dicom.encapsulated import FrameSplitter, value_ranges
+from ingest.dicom.encapsulated import value_ranges
 from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
+from ingest.dicom.splitter import FrameSplitter
 from ingest.dicom.syntaxes import is_compressed
 from ingest.embedded import samples
 from ingest.embedded.samples_compressed import CT_SYNTAXES, compressed_ct
@@ -59,10 +60,10 @@ from ingest.errors import (
 )
 from ingest.pipeline.decoded import (
     MAX_FRAME_GROWTH,
-    named,
     check_frame_size,
     compressed_frames,
     frame_groups,
+    named,
 )
 
 PART_SIZE: Final = 64 * 1024

@@ -26,7 +26,8 @@ from pydicom import dcmread
 from pydicom.data import get_testdata_file
 from pydicom.encaps import encapsulate, encapsulate_extended, generate_frames
 
-from ingest.dicom.encapsulated import ITEM_HEADER, FrameSplitter, value_ranges
+from ingest.dicom.encapsulated import value_ranges
+from ingest.dicom.splitter import ITEM_HEADER, FrameSplitter
 from ingest.errors import LimitExceeded, MalformedDicom
 from ingest.fetch.planning import ByteRange
 
@@ -409,7 +410,8 @@ def test_views_of_whole_items_copies_of_the_rest() -> None:
     assert head + tail == frames
     assert [type(f) for f in head + tail] == [memoryview, memoryview, bytes]
     slot[first_item + 8] ^= 0xFF  # the views see the slot's bytes
-    assert head[0] != frames[0] and tail[0] == frames[2]
+    assert head[0] != frames[0]
+    assert tail[0] == frames[2]
 
 
 def test_no_reference_to_the_fed_buffer() -> None:

@@ -110,7 +110,8 @@ async def test_gpu_decoded_objects_equal_the_reference(
         (o.ref.key if o.ref else None, o.error) for o in run.outcomes if o.error
     ]
     on_device = gpu_decode == "auto" and nvimgcodec_unavailable_reason() is None
-    assert run.ring is not None and run.ring.in_use == 0  # frames' slots all given back
+    assert run.ring is not None
+    assert run.ring.in_use == 0  # frames' slots all given back
     assert run.device is not None
     assert (run.device.get("device_decoded_frames", 0) > 0) == on_device
     for key, data in objects.items():

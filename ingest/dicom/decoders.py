@@ -48,6 +48,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
+from ingest import metrics
 from ingest.dicom.codec import Codec, decode_encapsulated, decode_native
 from ingest.errors import ProcessingError
 
@@ -102,6 +103,7 @@ class DecodePool:
             if pool is not None:
                 await anyio.to_thread.run_sync(lambda: pool.shutdown(cancel_futures=True))
 
+    @metrics.timed_async("decode")
     async def encapsulated(self, codec: Codec, frames: Sequence[bytes]) -> npt.NDArray[np.generic]:
         """``decode_encapsulated(codec, frames)`` in a process.
 
@@ -113,6 +115,7 @@ class DecodePool:
             return await anyio.to_thread.run_sync(decode_encapsulated, codec, list(frames))
         return await self._run(decode_encapsulated, codec, list(frames))
 
+    @metrics.timed_async("decode")
     async def native(
         self, codec: Codec, pixel_data: bytes, first: int, count: int
     ) -> npt.NDArray[np.generic]:

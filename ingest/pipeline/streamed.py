@@ -26,9 +26,10 @@ from gpu.decode import DeviceDecodeError, Parsed, parse_each
 from gpu.thread import ChunkResult
 from ingest.dicom.codec_read import syntax_name
 from ingest.dicom.device_codecs import device_colour, device_format
-from ingest.dicom.encapsulated import FrameSplitter, value_ranges
+from ingest.dicom.encapsulated import value_ranges
 from ingest.dicom.header import DicomHeader
-from ingest.errors import LimitExceeded, MalformedDicom
+from ingest.dicom.splitter import FrameSplitter
+from ingest.errors import IngestError, LimitExceeded, MalformedDicom
 from ingest.fetch.digest import SourceDigest
 from ingest.fetch.ring import Slot
 from ingest.pipeline.decoded import (
@@ -86,6 +87,9 @@ async def decode_streamed(
         frames = named(header, splitter.feed, view)
         return frames, parsed_for_device(frames)
 
+    async def hash_part(start: int, view: memoryview) -> None:
+        await anyio.to_thread.run_sync(hasher.update, start, view)
+
     async def produce(emit: Emit) -> None:
         pending: list[Frame] = []
         parsed: list[Parsed | DeviceDecodeError] = []  # for the device: each pending frame's
@@ -109,12 +113,22 @@ async def decode_streamed(
             index = 0
             async for slot, view in reads:
                 try:
-                    if hasher.in_order:
-                        await anyio.to_thread.run_sync(hasher.update, ranges[index].start, view)
-                    if not splitter.done:
-                        # a part holds thousands of tiles: split them off the event loop,
-                        # which meanwhile dispatches the device's batches
-                        frames, codestreams = await anyio.to_thread.run_sync(split, view)
+                    frames: list[Frame] = []
+                    codestreams: list[Parsed | DeviceDecodeError] = []
+                    refused: IngestError | None = None
+                    async with anyio.create_task_group() as both:  # the hash releases the GIL
+                        if hasher.in_order:
+                            both.start_soon(hash_part, ranges[index].start, view)
+                        if not splitter.done:
+                            # a part holds thousands of tiles: split them off the event loop,
+                            # which meanwhile dispatches the device's batches
+                            try:
+                                frames, codestreams = await anyio.to_thread.run_sync(split, view)
+                            except IngestError as exc:  # raised as it is, not in a group
+                                refused = exc
+                    if refused is not None:
+                        raise refused
+                    if frames:
                         viewed = [slot if isinstance(f, memoryview) else None for f in frames]
                         refs.take(slot, len(viewed) - viewed.count(None))
                         pending.extend(frames)
