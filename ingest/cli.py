@@ -71,9 +71,12 @@ def _parser() -> argparse.ArgumentParser:
 
     _bench_parser(commands)
 
-    audit = commands.add_parser("audit", help="decrypt and verify the audit topic")
-    audit.add_argument("--config", type=Path, help="TOML file with settings (env wins)")
-    audit.add_argument("--print", action="store_true", help="print each decrypted record")
+    from ingest.audit.cli import add_audit_parser
+
+    add_audit_parser(commands)  # verify | decrypt | export | keygen
+    from ingest.ops.commands import add_parsers as add_ops_parsers
+
+    add_ops_parsers(commands)  # dlq replay, top
     return parser
 
 
@@ -253,10 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             configure_logging(json=False, level=logging.ERROR)  # the tables say the rest
             return _run(bench_command, _bench_config(args))
         if args.command == "audit":
-            from ingest.audit.cli import run_audit
+            from ingest.audit.cli import run_audit_command
 
             configure_logging(json=False, level=logging.WARNING)
-            return _run(run_audit, load_settings(config_file=args.config), args.print)
+            return _run(run_audit_command, args)
+        if args.command in ("dlq", "top"):
+            from ingest.ops.commands import run as run_ops_command
+
+            configure_logging(json=False, level=logging.WARNING)
+            return _run(run_ops_command, args)
     except ConfigError as exc:
         print(f"dicom-ingest: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -285,6 +293,8 @@ def _worker_command(args: argparse.Namespace) -> int:
 
     gpus = parse_gpus(args.gpus)
     settings = load_settings(config_file=args.config)
+    tty = settings.log_format == "auto" and sys.stderr.isatty()  # a person reads a terminal
+    configure_logging(json=not (tty or settings.log_format == "console"))
     if args.parent_pid is not None and not die_with_parent(args.parent_pid):
         log.warning("parent gone before start; exiting", worker=settings.worker_id)
         return 0

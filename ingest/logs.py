@@ -8,7 +8,9 @@ A line up to ``PIPE_BUF`` (4 KiB) is atomic on a pipe.
 
 Logs never carry patient data: object keys appear only as ``key_digest``
 and DICOM header values not at all; the results topic and the encrypted audit
-trail are where keys and UIDs live.
+trail are where keys and UIDs live. ``ingest/redact.py`` enforces it on every
+line (structlog's and the standard library's): patient attributes, secrets,
+URL paths and person names are masked whatever a caller passed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import logging
 import sys
 
 import structlog
+
+from ingest.redact import RedactFilter, redact_event
 
 
 def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
@@ -33,6 +37,7 @@ def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redact_event,  # no patient data or secret in any line (ingest/redact.py)
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -40,8 +45,20 @@ def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(level, logging.WARNING), stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactFilter) for f in handler.filters):
+            handler.addFilter(RedactFilter())
 
 
 def key_digest(key: str) -> str:
     """A short stable stand-in for an object key in logs (keys may hold patient names)."""
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def bind_object(key: str, partition: tuple[str, int], offset: int) -> None:
+    """Tag every later log line of the calling task (and the threads it starts) with the
+    object's hashed key and its Kafka record's position (asyncio tasks copy the context,
+    so the binding stays with this object's task)."""
+    structlog.contextvars.bind_contextvars(
+        key=key_digest(key), topic=partition[0], partition=partition[1], offset=offset
+    )

@@ -18,6 +18,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from ingest import metrics
 from ingest.errors import IngestError
 from ingest.settings import Settings
 
@@ -34,6 +35,7 @@ def retry_policy(settings: Settings, *, forever: bool = False) -> AsyncRetrying:
         wait=wait_random_exponential(multiplier=0.05, max=settings.retry_max_wait_s),
         stop=stop_never if forever else stop_after_attempt(settings.max_attempts),
         reraise=True,
+        before_sleep=metrics.count_retry,  # retries by reason, in /metrics
     )
 
 

@@ -15,7 +15,7 @@ import os
 import socket
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -27,15 +27,17 @@ MiB = 1024 * 1024
 
 Device = Literal["auto", "cuda", "cpu"]
 OutputDtype = Literal["float32", "float16"]
+KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Validated configuration. Field names are the variable names without the prefix."""
 
-    kafka_bootstrap: str
-    output_url: str
-    audit_key: bytes
+    kafka_bootstrap: str = ""  # both required by the worker (``_REQUIRED``), not by `audit`
+    output_url: str = ""
+    audit_key: bytes = field(default=b"", repr=False)  # a secret: never in a repr or a log
     source_topic: str = "s3-events"
     group_id: str = "dicom-ingest"
     results_topic: str = "dicom-ingest.results"
@@ -71,12 +73,38 @@ class Settings:
     worker_id: str = ""
     health_port: int = 0
     health_host: str = "0.0.0.0"  # probes come from outside the container
+    log_format: Literal["auto", "json", "console"] = "auto"  # auto: console on a terminal
     # Consumer timing. Production defaults suit real Kafka (6 s minimum session).
     session_timeout_ms: int = 30_000
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
     fetch_max_wait_ms: int = 50  # Tansu answers a fetch only at this deadline
     shutdown_deadline_s: float = 30.0
+    # Security (docs/security.md). Audit keys: AUDIT_KEY (one static key), a keyring file
+    # or KMS; data keys rotate after a count or an age, far below GCM's 2**32 nonces.
+    audit_keyring_file: Path | None = None
+    audit_kms_key_id: str | None = None
+    audit_kms_endpoint_url: str | None = None
+    audit_rotate_records: int = 1_000_000
+    audit_rotate_s: float = 86_400.0
+    audit_signing_key_file: Path | None = None  # Ed25519 PEM; unset: one key per trail
+    audit_digest_records: int = 1000
+    audit_digest_s: float = 60.0
+    audit_spool_dir: Path | None = None  # unset: no spool, the audit topic is waited for
+    audit_spool_max_bytes: int = 64 * MiB
+    audit_ack_timeout_s: float = 10.0  # then a record goes to the spool
+    audit_kafka_bootstrap: str | None = None  # unset: the worker's brokers
+    kafka_security_protocol: KafkaProtocol = "PLAINTEXT"
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+    kafka_ssl_key_password: str | None = field(default=None, repr=False)
+    kafka_sasl_mechanism: SaslMechanism = "PLAIN"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = field(default=None, repr=False)
+    s3_ca_bundle: Path | None = None  # unset: AWS_CA_BUNDLE, else the system's CAs
+    output_sse: Literal["none", "AES256", "aws:kms"] = "none"
+    output_sse_kms_key_id: str | None = None
 
     @property
     def slot_size(self) -> int:
@@ -163,12 +191,12 @@ def _parse_output_url(raw: str) -> str:
     return raw if raw.endswith("/") else raw + "/"
 
 
-def _parse_endpoint(raw: str) -> str | None:
+def _parse_endpoint(raw: str, name: str = "S3_ENDPOINT_URL") -> str | None:
     if not raw.strip():
         return None
     url = urlparse(raw)
     if url.scheme not in ("http", "https") or not url.netloc:
-        raise ConfigError(f"{PREFIX}S3_ENDPOINT_URL: expected http(s)://host:port, got {raw!r}")
+        raise ConfigError(f"{PREFIX}{name}: expected http(s)://host:port, got {raw!r}")
     return raw
 
 
@@ -177,6 +205,37 @@ def _parse_nonempty(name: str) -> Callable[[str], str]:
         if not raw.strip():
             raise ConfigError(f"{PREFIX}{name.upper()}: must not be empty")
         return raw.strip()
+
+    return parse
+
+
+_OUTPUT_SSE = {"": "none", "none": "none", "aes256": "AES256", "aws:kms": "aws:kms"}
+
+
+def _bad_sse(raw: str) -> str:
+    raise ConfigError(f"{PREFIX}OUTPUT_SSE: {raw!r} is not one of none, AES256, aws:kms")
+
+
+def _parse_path(name: str) -> Callable[[str], Path | None]:
+    """A file that must exist when set (keys, certificates): a typo fails at start-up."""
+
+    def parse(raw: str) -> Path | None:
+        if not raw.strip():
+            return None
+        path = Path(raw.strip()).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{PREFIX}{name.upper()}: no such file: {raw.strip()!r}")
+        return path
+
+    return parse
+
+
+def _parse_upper(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().upper()
+        if value not in choices:
+            raise ConfigError(f"{PREFIX}{name.upper()}: {raw!r} is not one of {', '.join(choices)}")
+        return value
 
     return parse
 
@@ -217,17 +276,48 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "worker_id": str,
     "health_port": _parse_int("health_port", 0, 65535),
     "health_host": _parse_nonempty("health_host"),
+    "log_format": _parse_choice("log_format", ("auto", "json", "console")),
     "session_timeout_ms": _parse_int("session_timeout_ms", 1000, 3_600_000),
     "heartbeat_interval_ms": _parse_int("heartbeat_interval_ms", 100, 3_600_000),
     "max_poll_interval_ms": _parse_int("max_poll_interval_ms", 1000, 86_400_000),
     "fetch_max_wait_ms": _parse_int("fetch_max_wait_ms", 1, 60_000),
     "shutdown_deadline_s": _parse_float("shutdown_deadline_s", 0.1, 3600.0),
+    # security: docs/security.md
+    "audit_keyring_file": _parse_path("audit_keyring_file"),
+    "audit_kms_key_id": lambda raw: raw.strip() or None,
+    "audit_kms_endpoint_url": lambda raw: _parse_endpoint(raw, "AUDIT_KMS_ENDPOINT_URL"),
+    "audit_rotate_records": _parse_int("audit_rotate_records", 1, 1 << 28),
+    "audit_rotate_s": _parse_float("audit_rotate_s", 1.0, 366 * 86_400.0),
+    "audit_signing_key_file": _parse_path("audit_signing_key_file"),
+    "audit_digest_records": _parse_int("audit_digest_records", 1, 1_000_000),
+    "audit_digest_s": _parse_float("audit_digest_s", 0.05, 86_400.0),
+    "audit_spool_dir": lambda raw: Path(raw.strip()) if raw.strip() else None,
+    "audit_spool_max_bytes": _parse_int("audit_spool_max_bytes", 64 * 1024, 1 << 40),
+    "audit_ack_timeout_s": _parse_float("audit_ack_timeout_s", 0.1, 3600.0),
+    "audit_kafka_bootstrap": lambda raw: raw.strip() or None,
+    "kafka_security_protocol": _parse_upper(
+        "kafka_security_protocol", ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+    ),
+    "kafka_ssl_cafile": _parse_path("kafka_ssl_cafile"),
+    "kafka_ssl_certfile": _parse_path("kafka_ssl_certfile"),
+    "kafka_ssl_keyfile": _parse_path("kafka_ssl_keyfile"),
+    "kafka_ssl_key_password": lambda raw: raw or None,
+    "kafka_sasl_mechanism": _parse_upper(
+        "kafka_sasl_mechanism", ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+    ),
+    "kafka_sasl_username": lambda raw: raw.strip() or None,
+    "kafka_sasl_password": lambda raw: raw or None,
+    "s3_ca_bundle": _parse_path("s3_ca_bundle"),
+    "output_sse": lambda raw: _OUTPUT_SSE.get(raw.strip().lower()) or _bad_sse(raw),
+    "output_sse_kms_key_id": lambda raw: raw.strip() or None,
 }
-_REQUIRED = ("kafka_bootstrap", "output_url", "audit_key")
+_REQUIRED = ("kafka_bootstrap", "output_url")
 
 
 def load_settings(
-    environ: Mapping[str, str] | None = None, config_file: Path | None = None
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+    required: tuple[str, ...] = _REQUIRED,
 ) -> Settings:
     """Build ``Settings`` from a TOML file (optional) overlaid by the environment.
 
@@ -250,7 +340,7 @@ def load_settings(
         name = PREFIX + key.upper()
         if name in env:
             raw[key] = env[name]
-    for key in _REQUIRED:
+    for key in required:
         if key not in raw:
             raise ConfigError(f"{PREFIX}{key.upper()}: required but not set")
     values = {key: _PARSERS[key](text) for key, text in raw.items()}
@@ -258,6 +348,8 @@ def load_settings(
         values["worker_id"] = f"{socket.gethostname()}-{os.getpid()}"
     settings = Settings(**values)
     _check_consistency(settings)
+    if "output_url" in required:  # the worker's settings; `audit` reads a trail only
+        _check_security(settings)
     return settings
 
 
@@ -268,6 +360,22 @@ def _check_consistency(settings: Settings) -> None:
         raise ConfigError(f"{PREFIX}HEARTBEAT_INTERVAL_MS: must be below SESSION_TIMEOUT_MS")
     if settings.ring_slots < 2:
         raise ConfigError(f"{PREFIX}RING_SLOTS: at least 2")
+
+
+def _check_security(s: Settings) -> None:
+    sources = [bool(s.audit_key), s.audit_keyring_file is not None, s.audit_kms_key_id is not None]
+    if sum(sources) != 1:
+        raise ConfigError(
+            f"{PREFIX}AUDIT_KEY: set exactly one of AUDIT_KEY, AUDIT_KEYRING_FILE, AUDIT_KMS_KEY_ID"
+        )
+    if s.kafka_security_protocol.startswith("SASL") and not (
+        s.kafka_sasl_username and s.kafka_sasl_password
+    ):
+        raise ConfigError(f"{PREFIX}KAFKA_SASL_USERNAME: SASL needs a username and a password")
+    if (s.kafka_ssl_certfile is None) != (s.kafka_ssl_keyfile is None):
+        raise ConfigError(f"{PREFIX}KAFKA_SSL_KEYFILE: a client certificate needs its key file")
+    if s.output_sse_kms_key_id and s.output_sse != "aws:kms":
+        raise ConfigError(f"{PREFIX}OUTPUT_SSE_KMS_KEY_ID: needs OUTPUT_SSE=aws:kms")
 
 
 def setting_names() -> list[str]:

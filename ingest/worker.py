@@ -26,7 +26,6 @@ commit runs shielded; the consumer leaves the group; clients close.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -40,16 +39,16 @@ from aiokafka.errors import KafkaError
 from anyio.abc import TaskGroup, TaskStatus
 
 from gpu.thread import DeviceThread
-from ingest.audit.publish import AuditPublisher
-from ingest.audit.records import AuditTrail
+from ingest.audit.publish import AuditPublisher, open_audit
 from ingest.device.stage import DeviceStage
 from ingest.dicom.decoders import DecodePool
 from ingest.errors import IngestError, NotificationError, ProcessingError
 from ingest.fetch.ring import PinnedRing
 from ingest.fetch.s3 import S3Source
 from ingest.hooks import enable_device_arrays, load_hook
-from ingest.logs import key_digest
+from ingest.logs import bind_object, key_digest
 from ingest.ops.health import Health, probe, serve
+from ingest.ops.metrics import finished, stopped_summary, watching
 from ingest.pipeline.jobs import Context
 from ingest.pipeline.process import process_object
 from ingest.settings import Settings
@@ -74,7 +73,6 @@ from ingest.source.offsets import Partition
 
 log = structlog.get_logger("dicom_ingest.worker")
 CLOSE_TIMEOUT_S = 10.0
-_DEVICE_COUNTS = ("batches", "jobs", "failed_jobs", "device_")  # in "worker stopped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +115,6 @@ class Worker:
         self._commits = Commits(settings.shutdown_deadline_s)
         self._recent = RecentObjects()
         self._running: dict[tuple[str, str, str, str], anyio.Event] = {}
-        self._trail = AuditTrail(settings.audit_key, settings.audit_key_id, settings.worker_id)
         self._intake_scope = anyio.CancelScope()
         self._work_scope = anyio.CancelScope()
         self._in_flight = 0  # object (and bad-record) tasks running
@@ -182,7 +179,7 @@ class Worker:
             await self._producer.start()
             stack.push_async_callback(_close, self._producer.stop)
             self._publisher = Publisher(self._producer, s)
-            self._audit = AuditPublisher(self._trail, self._publisher, s.audit_topic, s.worker_id)
+            self._audit = await stack.enter_async_context(open_audit(s, self._publisher))
             self._consumer = make_consumer(s, listener=Rebalance(self._commits))
             self._commits.consumer = self._consumer
             await self._consumer.start()
@@ -195,9 +192,11 @@ class Worker:
             decoders = DecodePool(s.decode_processes)
             stack.push_async_callback(decoders.aclose)
             self._ctx = Context(s, source, sink, ring, stage, decoders, hook)
+            stack.enter_context(watching(self, ring, thread))  # for /metrics
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
                 services.start_soon(self._commits.loop)
+                services.start_soon(self._audit.run)  # digests; the spool's forwarder
                 services.start_soon(probe, self.health, self._check_broker, self._check_s3)
                 if s.health_port:
                     self.health_port = await services.start(
@@ -213,8 +212,7 @@ class Worker:
                     await self._commits.now()
                 services.cancel_scope.cancel()
         self.stats.commits = self._commits.count
-        counts = {k: v for k, v in thread.stats().items() if k.startswith(_DEVICE_COUNTS)}
-        log.info("worker stopped", **dataclasses.asdict(self.stats), device=counts)
+        log.info("worker stopped", **stopped_summary(self.stats, thread))
 
     async def _intake(self, objects: TaskGroup) -> None:
         """Poll, parse, spawn; keep polling (paused) while every object slot is busy.
@@ -224,7 +222,7 @@ class Worker:
         """
         limit = self.settings.max_objects_in_flight
         while True:
-            free = limit - self._in_flight
+            free = 0 if self._audit and self._audit.paused else limit - self._in_flight
             assignment = self._consumer.assignment()
             if free <= 0:
                 self._consumer.pause(*assignment)
@@ -313,6 +311,7 @@ class Worker:
         ident: tuple[str, str, str, str] | None,
         finished: anyio.Event,
     ) -> None:
+        bind_object(ref.key, progress.partition, progress.offset)  # this task's log lines
         try:
             await self._handle(progress, ref)
             self._recent.seen(ref)  # only what finished durably counts as seen
@@ -347,7 +346,7 @@ class Worker:
         await self._publisher.confirm(*result)
         self.stats.processed += 1
         log.info("processed", key=key_digest(ref.key), size=done.head.size)
-        self._report(Outcome(ref, done, None))
+        self._report(Outcome(ref, done, None), progress)
         self._finish(progress)
 
     async def _fail(
@@ -368,10 +367,11 @@ class Worker:
             attempts=error.attempts,
             key=key_digest(ref.key) if ref else None,
         )
-        self._report(Outcome(ref, None, error))
+        self._report(Outcome(ref, None, error), progress)
         self._finish(progress)
 
-    def _report(self, outcome: Outcome) -> None:
+    def _report(self, outcome: Outcome, progress: _RecordProgress) -> None:
+        finished(outcome.ref, outcome.processed, outcome.error, progress.summary["timestamp"])
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 

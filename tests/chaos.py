@@ -48,7 +48,8 @@ import numpy as np
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from ingest.audit.records import AuditVerificationError, open_envelope, verify_chain
+from ingest.audit.records import verify_chain
+from ingest.audit.verify import object_records, verify_trail
 from ingest.embedded.samples import not_dicom, synthetic_ct_series, synthetic_multiframe
 from ingest.embedded.stack import Stack
 from tests import harness
@@ -786,14 +787,11 @@ def _check_dead_letters(dlq: list[dict[str, Any]], corpus: Corpus, report: Chaos
 
 def _check_audit(messages: list[bytes], corpus: Corpus, report: ChaosReport) -> None:
     """Every record opens; every process's chain is gap-free; every object has its outcome."""
-    audit: list[dict[str, Any]] = []
-    for message in messages:
-        try:
-            audit.append(open_envelope(message, {"local-1": harness.AUDIT_KEY}))
-        except AuditVerificationError:
-            report.audit_undecryptable += 1
+    opened = verify_trail(messages, keys={"local-1": harness.AUDIT_KEY})
+    report.audit_undecryptable = sum(1 for f in opened.findings if "does not open" in f.detail)
+    audit = object_records(opened.records)  # the records of objects and notifications
     report.audit_records = len(audit)
-    chain = verify_chain(audit)  # a killed process's trail may end early: not a finding
+    chain = verify_chain(opened.records)  # a killed process's trail may end early: not a finding
     report.audit_trails = chain.trails
     report.audit_duplicates = chain.duplicates
     report.chain_problems = [

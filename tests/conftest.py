@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from ingest.embedded.stack import Stack, embedded_stack
+from tests.moto_kms import MotoServer, start_moto
 
 _counter = itertools.count()
 
@@ -29,6 +30,13 @@ def anyio_backend() -> str:
 def stack() -> Iterator[Stack]:
     """SeaweedFS and an in-memory Tansu for the whole session, stopped at the end."""
     with embedded_stack() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[MotoServer]:
+    """moto's server (KMS, S3) on a loopback port for the session (tests/moto_kms.py)."""
+    with start_moto() as running:
         yield running
 
 

@@ -46,7 +46,7 @@ from pydicom import dcmread
 from pydicom.pixels.utils import pixel_array as decode_frame
 from pydicom.uid import UID
 
-from ingest.audit.records import open_envelope, verify_chain
+from ingest.audit.verify import object_records, verify_trail
 from ingest.dicom.parse import parse_header
 from ingest.embedded.samples import synthetic_rgb
 from ingest.embedded.stack import Stack
@@ -409,12 +409,13 @@ async def test_bad_inputs_interleaved_with_good_ones(stack: Stack) -> None:
         assert sidecar["source"]["sha256"] == harness.sha256(data)
 
     # one audit record per outcome, a valid chain; and the whole topic committed
-    audit = [
-        open_envelope(m, {settings.audit_key_id: harness.AUDIT_KEY})
-        for m in await harness.read_topic_raw(stack, names.audit_topic)
-    ]
+    trail = verify_trail(
+        await harness.read_topic_raw(stack, names.audit_topic),
+        keys={settings.audit_key_id: harness.AUDIT_KEY},
+    )
+    audit = object_records(trail.records)
     assert len(audit) == len(run_outcomes)
-    assert verify_chain(audit).ok
+    assert trail.ok, trail.findings
     assert await harness.committed_offset(stack, names.group, names.source_topic) == len(
         plan.records
     )

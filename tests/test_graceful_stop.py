@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from ingest.audit.records import open_envelope, verify_chain
+from ingest.audit.verify import object_records, verify_trail
 from ingest.embedded.samples import synthetic_ct_series
 from ingest.embedded.stack import Stack
 from tests import harness
@@ -50,15 +50,15 @@ async def group_members(stack: Stack, group: str) -> list[str]:
 
 async def success_keys_by_worker(stack: Stack, topic: str) -> tuple[dict[str, list[str]], Any]:
     """Keys of success audit records per worker id, in audit order; and the chain report."""
-    records = [
-        open_envelope(m, {"local-1": harness.AUDIT_KEY})
-        for m in await harness.read_topic_raw(stack, topic)
-    ]
+    trail = verify_trail(
+        await harness.read_topic_raw(stack, topic), keys={"local-1": harness.AUDIT_KEY}
+    )
+    records = object_records(trail.records)
     per_worker: dict[str, list[str]] = {}
     for record in records:
         if record["outcome"] == "success":
             per_worker.setdefault(record["worker"], []).append(record["key"])
-    return per_worker, verify_chain(records)
+    return per_worker, trail
 
 
 async def sigterm(worker: WorkerProcess) -> tuple[int | None, float]:
@@ -138,8 +138,8 @@ async def test_sigterm_drains_commits_leaves_and_hands_over(stack: Stack, tmp_pa
     assert await harness.committed_offset(stack, names.group, names.source_topic) == SLICES
     results = await harness.read_json_topic(stack, names.results_topic)
     assert sorted(r["source"]["key"] for r in results) == sorted(keys)  # each exactly once
-    assert chain.ok, chain.problems
-    assert chain.trails == 2
+    assert chain.ok, chain.findings
+    assert len(chain.trails) == 3  # the third worker's trail: its start and stop only
     assert members_after_second == []  # a member past generation 0 leaves on SIGTERM
     # generous bounds: start-up on a loaded machine dominates; at worst one session timeout
     assert second_assigned < first_assigned + SESSION_TIMEOUT_S + 3.0

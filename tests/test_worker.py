@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from botocore.utils import calculate_tree_hash
 
-from ingest.audit.records import open_envelope, verify_chain
+from ingest.audit.verify import object_records, verify_trail
 from ingest.embedded.samples import (
     example_bytes,
     not_dicom,
@@ -139,12 +139,13 @@ async def test_outputs_sidecars_results_audit_and_dead_letters(
     assert malformed["record"]["value"] == '{"Records": [{"eventName": 42}]}'
     assert malformed["attempts"] == 1
 
-    audit = [
-        open_envelope(m, {settings.audit_key_id: harness.AUDIT_KEY})
-        for m in await harness.read_topic_raw(stack, names.audit_topic)
-    ]
+    trail = verify_trail(
+        await harness.read_topic_raw(stack, names.audit_topic),
+        keys={settings.audit_key_id: harness.AUDIT_KEY},
+    )
+    audit = object_records(trail.records)
     assert len(audit) == len(objects) + 2
-    assert verify_chain(audit).ok
+    assert trail.ok, trail.findings
     audited = {r["key"]: r for r in audit if r["outcome"] == "success"}
     assert sorted(audited) == sorted(objects)
     for key, record in audited.items():

@@ -3,34 +3,244 @@
 Records are sealed (chained and encrypted) and handed to the producer under
 one lock, so the order of the chain is the order of the topic. The message
 key is the worker id: one worker's chain lives in one partition, in the order
-it was sealed. ``record`` returns once the broker has acknowledged the record.
+it was sealed. ``record`` returns once the record is acknowledged: by the
+broker, or, when the topic does not answer within ``audit_ack_timeout_s`` and
+a spool is configured, by the local spool (``spool.py``), from which ``run``
+forwards it later, in order. Only then may the worker commit the offset.
+
+Under the same lock the publisher rotates data keys (``keys.py``: after
+``audit_rotate_records`` records or ``audit_rotate_s`` seconds) and signs
+digests of the chain head (``digest.py``: every ``audit_digest_records``
+records, every ``audit_digest_s`` seconds from ``run``, and at stop). A
+trail opens with an ``application.start`` record announcing its digest key
+and closes with ``application.stop`` and a final digest.
 """
 
 from __future__ import annotations
 
-import anyio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import UTC, datetime
 
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+
+from ingest.audit.digest import DigestSigner, load_signing_key
+from ingest.audit.keys import KeySource, context, key_source
 from ingest.audit.records import AuditEvent, AuditTrail
-from ingest.source.kafka import Publisher
+from ingest.audit.spool import Spool
+from ingest.errors import IngestError
+from ingest.settings import Settings
+from ingest.source.kafka import Publisher, make_producer
+
+log = structlog.get_logger("dicom_ingest.audit")
+STOP_TIMEOUT_S = 10.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _app_event(event: str) -> AuditEvent:
+    return AuditEvent(event, "success", "", "", None, None)
 
 
 class AuditPublisher:
     """One worker's audit trail on its topic."""
 
-    def __init__(self, trail: AuditTrail, publisher: Publisher, topic: str, worker_id: str) -> None:
+    def __init__(
+        self,
+        trail: AuditTrail,
+        publisher: Publisher,
+        topic: str,
+        worker_id: str,
+        *,
+        keys: KeySource | None = None,
+        signer: DigestSigner | None = None,
+        settings: Settings | None = None,
+        spool: Spool | None = None,
+    ) -> None:
         self._trail = trail
         self._publisher = publisher
         self._topic = topic
         self._key = worker_id.encode()
         self._lock = anyio.Lock()
+        self._unsent: list[bytes] = []  # a signed digest the topic did not take: sent first
+        self._keys = keys
+        self._signer = signer
+        self._spool = spool
+        s = settings
+        self._rotate = (s.audit_rotate_records, s.audit_rotate_s) if s else (1 << 20, 86_400.0)
+        self._digest_every = (s.audit_digest_records, s.audit_digest_s) if s else (1000, 60.0)
+        self._ack_timeout = s.audit_ack_timeout_s if s else 10.0
+        self._forward = anyio.Event()
+        self.rotations = 0
+
+    @property
+    def trail(self) -> AuditTrail:
+        return self._trail
+
+    @property
+    def paused(self) -> bool:
+        """Intake should wait: the spool is close to full."""
+        return self._spool is not None and self._spool.paused
 
     async def record(self, event: AuditEvent) -> None:
-        """Seal and enqueue under the lock, then wait for the broker's acknowledgement.
+        """Seal and send under the lock, then wait for the acknowledgement.
 
         Raises:
             BrokerRejected: the broker refused the record for good.
+            KeyServiceError: no data key could be had for a rotation.
         """
         async with self._lock:
-            envelope = self._trail.seal(event)
-            delivery = await self._publisher.enqueue(self._topic, envelope, self._key)
-        await self._publisher.confirm(delivery, self._topic, envelope, self._key)
+            if self._keys is not None and self._trail.needs_key(*self._rotate, time.monotonic()):
+                ctx = context(self._trail.worker, self._trail.trail)
+                self._trail.install(await self._keys.new_data_key(ctx))
+                self.rotations += 1
+            messages = [*self._unsent, self._trail.seal(event)]
+            if self._signer is not None:
+                uncovered = self._trail.next_seq - self._signer.covered
+                if uncovered >= self._digest_every[0]:
+                    messages.append(self._sign())
+            await self._send_all(messages)
+            self._unsent.clear()
+
+    async def digest(self) -> None:
+        """Sign the chain head now, if records came since the last digest."""
+        async with self._lock:
+            if self._signer is not None and self._trail.next_seq > self._signer.covered:
+                self._unsent.append(self._sign())
+            if self._unsent:
+                await self._send_all(list(self._unsent))
+                self._unsent.clear()
+
+    def _sign(self) -> bytes:
+        assert self._signer is not None
+        last_seq, chain_head, envelope_head = self._trail.head
+        return self._signer.sign(last_seq, chain_head, envelope_head, _now())
+
+    async def _send_all(self, messages: list[bytes]) -> None:
+        """Hand every message over in order (called under the lock) and wait for each."""
+        if self._spool is not None and len(self._spool):
+            for message in messages:  # behind what waits already: the topic keeps the order
+                await self._spool.append(message)
+            return
+        if self._spool is None:
+            sent = [await self._publisher.enqueue(self._topic, m, self._key) for m in messages]
+            for delivery, message in zip(sent, messages, strict=True):
+                await self._publisher.confirm(delivery, self._topic, message, self._key)
+            return
+        waiting = list(messages)
+        with anyio.move_on_after(self._ack_timeout):  # a broker away may block even enqueue
+            try:
+                deliveries = [
+                    await self._publisher.enqueue(self._topic, m, self._key) for m in messages
+                ]
+                for delivery in deliveries:
+                    await delivery
+                    waiting.pop(0)
+            except Exception as exc:  # any failure: the spool takes it and what follows it
+                log.warning("audit topic refused; spooling", error=type(exc).__name__)
+        for message in waiting:
+            await self._spool.append(message)
+            self._forward.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Periodic digests and the spool's forwarder; runs until cancelled."""
+        task_status.started()
+        async with anyio.create_task_group() as group:
+            if self._spool is not None:
+                group.start_soon(self._forwarder)
+            while True:
+                await anyio.sleep(self._digest_every[1])
+                try:
+                    await self.digest()
+                except IngestError as exc:  # the broker away: kept, sent before what follows
+                    log.warning("audit digest not sent yet", error=type(exc).__name__)
+
+    async def _forwarder(self) -> None:
+        assert self._spool is not None
+        while True:
+            message = self._spool.oldest()
+            if message is None:
+                self._forward = anyio.Event()
+                await self._forward.wait()
+                continue
+            with anyio.move_on_after(self._ack_timeout):
+                try:
+                    delivery = await self._publisher.enqueue(self._topic, message, self._key)
+                    await delivery
+                except Exception as exc:  # still away: try again later
+                    log.info("audit topic still unavailable", error=type(exc).__name__)
+                else:
+                    self._spool.drop_oldest()
+                    if not len(self._spool):
+                        log.info("audit spool forwarded")
+                    continue
+            await anyio.sleep(min(1.0, self._ack_timeout))
+
+    async def start(self) -> None:
+        """The trail's first record, ``application.start``, announcing the digest key."""
+        if self._signer is not None:
+            self._trail.add_to_next(signing_key=self._signer.public_key)
+        await self.record(_app_event("application.start"))
+
+    async def stop(self) -> None:
+        """``application.stop`` and the final digest, within a bound, even when cancelled."""
+        with anyio.move_on_after(STOP_TIMEOUT_S, shield=True):
+            await self.record(_app_event("application.stop"))
+            await self.digest()
+
+
+@asynccontextmanager
+async def open_audit(settings: Settings, publisher: Publisher) -> AsyncIterator[AuditPublisher]:
+    """The worker's audit trail: key source, trail, digest signer and spool, from settings.
+
+    Records ``application.start`` on entry and ``application.stop`` plus a final
+    digest on exit.
+
+    Raises:
+        ConfigError: a keyring, signing key or spool directory that cannot be used.
+        KeyServiceError: KMS gave no data key.
+    """
+    s = settings
+    async with AsyncExitStack() as stack:
+        if s.audit_kafka_bootstrap:  # an audit cluster of its own: a producer of its own
+            producer = make_producer(
+                dataclasses.replace(s, kafka_bootstrap=s.audit_kafka_bootstrap)
+            )
+            await producer.start()
+            stack.push_async_callback(producer.stop)
+            publisher = Publisher(producer, s)
+        yield await stack.enter_async_context(_open_audit(s, publisher))
+
+
+@asynccontextmanager
+async def _open_audit(s: Settings, publisher: Publisher) -> AsyncIterator[AuditPublisher]:
+    ca = str(s.s3_ca_bundle) if s.s3_ca_bundle else None
+    keys = key_source(
+        s.audit_key, s.audit_key_id, s.audit_keyring_file, s.audit_kms_key_id,
+        s.audit_kms_endpoint_url, ca,
+    )  # fmt: skip
+    try:
+        static = s.audit_key if s.audit_key else None
+        trail = AuditTrail(static, s.audit_key_id, s.worker_id, s3_endpoint=s.s3_endpoint_url)
+        signer = DigestSigner(load_signing_key(s.audit_signing_key_file), s.worker_id, trail.trail)
+        spool = None
+        if s.audit_spool_dir is not None:
+            spool = Spool(s.audit_spool_dir / s.worker_id, s.audit_spool_max_bytes)
+        audit = AuditPublisher(
+            trail, publisher, s.audit_topic, s.worker_id,
+            keys=keys, signer=signer, settings=s, spool=spool,
+        )  # fmt: skip
+        await audit.start()
+        try:
+            yield audit
+        finally:
+            await audit.stop()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await keys.aclose()

@@ -25,6 +25,16 @@ Anyone holding the key can read a record without this package::
     record = json.loads(AESGCM(key).decrypt(nonce, ct, aad))
 
 Other AES-GCM APIs want the tag apart: it is ``ct[-16:]``, the ciphertext ``ct[:-16]``.
+
+With envelope encryption (a keyring or KMS: ``keys.py``) the envelope also has
+``"edk"``, the base64 of the data key as the key service wrapped it, and ``kid``
+names the key-encryption key; unwrap the data key (KMS ``Decrypt`` with the
+encryption context ``keys.context(worker, trail)`` read from ``aad``) and decrypt
+as above. The trail changes data keys after ``rotate_records`` records or
+``rotate_s`` seconds. Each record also carries ``dicom_audit``, the DICOM audit
+message of the event (``model.py``), and the trail keeps a second running
+hash, over the envelopes as sent (``envelope_head``), which the signed digests
+(``digest.py``) cover so that a trail can be checked without its keys.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import binascii
 import hashlib
 import json
 import os
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
@@ -42,6 +53,8 @@ from typing import Any, Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from ingest.audit.keys import DataKey
+from ingest.audit.model import EVENTS, Participant, audit_message
 from ingest.errors import ConfigError, IngestError
 
 VERSION: Final = 1
@@ -51,6 +64,7 @@ TAG_BYTES: Final = 16
 KEY_BYTES: Final = 32
 MAX_ENVELOPE_BYTES: Final = 1024 * 1024
 ENVELOPE_FIELDS: Final = frozenset({"v", "alg", "kid", "nonce", "aad", "ct"})
+ENVELOPE_HEAD_ZERO: Final = "0" * 64  # the envelope hash before a trail's first record
 OUTCOMES: Final = frozenset({"success", "failure"})
 
 
@@ -82,8 +96,8 @@ class AuditEvent:
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be 'success' or 'failure', not {self.outcome!r}")
-        if not self.event:
-            raise ValueError("event must not be empty")
+        if self.event not in EVENTS:
+            raise ValueError(f"event must be one of {sorted(EVENTS)}, not {self.event!r}")
         if self.attempts < 0:
             raise ValueError("attempts must not be negative")
 
@@ -122,19 +136,65 @@ class AuditTrail:
     """
 
     def __init__(
-        self, key: bytes, key_id: str, worker: str, clock: Callable[[], datetime] = _utcnow
+        self,
+        key: bytes | None,
+        key_id: str,
+        worker: str,
+        clock: Callable[[], datetime] = _utcnow,
+        *,
+        s3_endpoint: str | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
-        if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+        if key is not None and (not isinstance(key, bytes) or len(key) != KEY_BYTES):
             raise ConfigError(f"audit key must be {KEY_BYTES} bytes")
         if not key_id or not worker:
             raise ConfigError("audit key id and worker id must not be empty")
-        self._aead = AESGCM(key)
-        self._kid = key_id
         self._worker = worker
         self._clock = clock
         self._trail = os.urandom(8).hex()
         self._seq = 0
         self._prev = ""
+        self._envelope_head = ENVELOPE_HEAD_ZERO
+        self._me = Participant(worker, socket.gethostname(), os.getpid())
+        self._s3_endpoint = s3_endpoint
+        self._extra = dict(extra or {})  # fields of the next record only (the signing key)
+        self._key: DataKey | None = None
+        self._aead: AESGCM | None = None
+        self._kid = key_id
+        self._used = 0  # records sealed under the current data key
+        if key is not None:
+            self.install(DataKey(key_id, key, None))
+
+    def install(self, data_key: DataKey) -> None:
+        """Seal the next records under ``data_key`` (a rotation, or the first key)."""
+        if len(data_key.key) != KEY_BYTES:
+            raise ConfigError(f"audit data key must be {KEY_BYTES} bytes")
+        self._key, self._aead, self._kid = data_key, AESGCM(data_key.key), data_key.kid
+        self._used = 0
+
+    def needs_key(self, rotate_records: int, rotate_s: float, now: float) -> bool:
+        """No data key yet, or the current one has sealed its count or reached its age.
+
+        A static key (no ``edk``) never rotates: there is no other key to rotate to.
+        """
+        if self._key is None:
+            return True
+        if self._key.edk is None:
+            return False
+        return self._used >= rotate_records or now - self._key.created >= rotate_s
+
+    def add_to_next(self, **fields_: Any) -> None:
+        """Fields the next sealed record carries besides the event's (no patient data)."""
+        self._extra.update(fields_)
+
+    @property
+    def worker(self) -> str:
+        return self._worker
+
+    @property
+    def head(self) -> tuple[int, str, str]:
+        """(last sealed seq, its plaintext SHA-256, the envelope running hash); seq -1: none."""
+        return self._seq - 1, self._prev, self._envelope_head
 
     @property
     def trail(self) -> str:
@@ -147,10 +207,14 @@ class AuditTrail:
 
     def seal(self, event: AuditEvent) -> bytes:
         """Return the UTF-8 JSON envelope for ``event`` (the Kafka message value)."""
+        if self._aead is None or self._key is None:
+            raise ConfigError("audit trail has no data key yet (install one first)")
         now = self._clock()
         record = {f.name: getattr(event, f.name) for f in fields(event)}
         record |= {"v": VERSION, "worker": self._worker, "trail": self._trail, "seq": self._seq}
         record |= {"prev": self._prev, "outputs": list(event.outputs), "time": _rfc3339(now)}
+        record |= self._extra
+        record["dicom_audit"] = audit_message(record, self._me, self._s3_endpoint)
         plaintext = canonical_json(record)
         head = {"v": VERSION, "alg": ALG, "kid": self._kid}
         aad = canonical_json(
@@ -158,10 +222,22 @@ class AuditTrail:
         )
         nonce = os.urandom(NONCE_BYTES)
         ct = self._aead.encrypt(nonce, plaintext, aad)
-        self._seq += 1
-        self._prev = hashlib.sha256(plaintext).hexdigest()
         envelope = head | {"nonce": _b64(nonce), "aad": _b64(aad), "ct": _b64(ct)}
-        return json.dumps(envelope, separators=(",", ":")).encode()
+        if self._key.edk is not None:
+            envelope["edk"] = _b64(self._key.edk)
+        message = json.dumps(envelope, separators=(",", ":")).encode()
+        self._seq += 1
+        self._used += 1
+        self._extra = {}
+        self._prev = hashlib.sha256(plaintext).hexdigest()
+        self._envelope_head = envelope_step(self._envelope_head, message)
+        return message
+
+
+def envelope_step(head: str, message: bytes) -> str:
+    """The running hash over a trail's envelopes: SHA-256(previous head || SHA-256(message))."""
+    digest = hashlib.sha256(message).digest()
+    return hashlib.sha256(bytes.fromhex(head) + digest).hexdigest()
 
 
 def _fail(why: str) -> AuditVerificationError:
@@ -187,8 +263,13 @@ def _unb64(value: object, name: str) -> bytes:
         raise _fail(f"{name} is not base64") from None
 
 
-def open_envelope(message: bytes, keys: Mapping[str, bytes]) -> dict[str, Any]:
+def open_envelope(
+    message: bytes, keys: Mapping[str, bytes], data_keys: Mapping[str, bytes] | None = None
+) -> dict[str, Any]:
     """Decrypt and authenticate one audit message; return its plaintext record.
+
+    ``keys`` maps a static key's ``kid`` to it; ``data_keys`` maps an envelope's
+    ``edk`` (its base64 text) to the unwrapped data key (``verify.unwrap_all``).
 
     Raises:
         AuditVerificationError: malformed envelope, unknown ``kid``, bad base64 or
@@ -198,14 +279,20 @@ def open_envelope(message: bytes, keys: Mapping[str, bytes]) -> dict[str, Any]:
     if len(message) > MAX_ENVELOPE_BYTES:
         raise _fail("message too large")
     env = _json_object(message, "message")
-    if set(env) != ENVELOPE_FIELDS:
-        raise _fail(f"fields must be exactly {sorted(ENVELOPE_FIELDS)}")
+    if set(env) - {"edk"} != ENVELOPE_FIELDS:
+        raise _fail(f"fields must be exactly {sorted(ENVELOPE_FIELDS)} (and edk)")
     v, alg, kid = env["v"], env["alg"], env["kid"]
     if type(v) is not int or v != VERSION or alg != ALG:
         raise _fail("unsupported version or algorithm")
-    if not isinstance(kid, str) or kid not in keys:
+    if "edk" in env:
+        edk = env["edk"]
+        if not isinstance(kid, str) or not isinstance(edk, str) or edk not in (data_keys or {}):
+            raise _fail("unknown data key")
+        key = (data_keys or {})[edk]
+    elif not isinstance(kid, str) or kid not in keys:
         raise _fail("unknown key id")
-    key = keys[kid]
+    else:
+        key = keys[kid]
     if len(key) != KEY_BYTES:
         raise ConfigError(f"audit key {kid!r} must be {KEY_BYTES} bytes")
     nonce, aad, ct = (_unb64(env[name], name) for name in ("nonce", "aad", "ct"))

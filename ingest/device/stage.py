@@ -31,6 +31,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from gpu.decode import nvimgcodec_unavailable_reason
 from gpu.jobs import arena_nbytes, consume
 from gpu.thread import ChunkJob, ChunkResult, DeviceThread
+from ingest import metrics
 from ingest.errors import ProcessingError
 from ingest.settings import Settings
 
@@ -151,6 +152,7 @@ class DeviceStage:
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 return queued
 
+    @metrics.timed_async("device")
     async def _dispatch(self, batch: list[_Request]) -> None:
         try:
             future = self.thread.submit([r.job for r in batch])

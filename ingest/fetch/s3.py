@@ -26,7 +26,6 @@ silently caps parallel requests).
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +51,7 @@ from ingest.errors import (
 from ingest.fetch.http_answer import Answer, BodyCut, HttpStatusError
 from ingest.fetch.planning import ByteRange
 from ingest.fetch.presign import UrlSigner
-from ingest.fetch.threaded_http import ConnectionPool, Transfer, get_into, put_from
+from ingest.fetch.threaded_http import ConnectionPool, Transfer, ca_bundle, get_into, put_from
 from ingest.retry import with_retries
 from ingest.settings import Settings
 
@@ -164,7 +163,7 @@ class S3Source:
         self._pool = ConnectionPool(
             connect_timeout_s=min(10.0, settings.read_timeout_s),
             read_timeout_s=settings.read_timeout_s,
-            ssl_context=ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE")),
+            ssl_context=ssl.create_default_context(cafile=ca_bundle(settings.s3_ca_bundle)),
         )
 
     async def __aenter__(self) -> S3Source:
@@ -189,8 +188,11 @@ class S3Source:
         self._stack.callback(self._gets.shutdown)  # requests end before: see _in_thread
         self._stack.callback(self._puts.shutdown)
         self._stack.callback(self._pool.close)
+        verify = ca_bundle(s.s3_ca_bundle)
         self._client = await self._stack.enter_async_context(
-            session.create_client("s3", endpoint_url=s.s3_endpoint_url, config=config)
+            session.create_client(
+                "s3", endpoint_url=s.s3_endpoint_url, config=config, verify=verify
+            )
         )
         # the credentials the client signs with: the session resolves them once
         credentials = await session.get_credentials()

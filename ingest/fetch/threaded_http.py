@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import socket
 import ssl
 import threading
 from collections import defaultdict
+from pathlib import Path
 from urllib.parse import urlsplit
 
+from ingest import metrics
 from ingest.fetch.http_answer import (
     ERROR_BODY_LIMIT,
     RECV_WAITALL,
@@ -48,6 +51,14 @@ from ingest.fetch.http_answer import (
     read_answer,
     request_head,
 )
+
+
+def ca_bundle(configured: Path | None) -> str | None:
+    """The CA file every S3 connection verifies against: ``configured`` (``s3_ca_bundle``),
+    else ``AWS_CA_BUNDLE``, else (None) the system's. Verification is never turned off."""
+    if configured is not None:
+        return str(configured)
+    return os.environ.get("AWS_CA_BUNDLE") or None
 
 
 class Transfer:
@@ -151,6 +162,7 @@ class ConnectionPool:
         return self._read_timeout
 
 
+@metrics.timed("fetch", metrics.RANGES_IN_FLIGHT)
 def get_into(
     pool: ConnectionPool,
     url: str,
@@ -179,6 +191,7 @@ def get_into(
         return answer
 
 
+@metrics.timed("sink", metrics.PUTS_IN_FLIGHT)
 def put_from(
     pool: ConnectionPool,
     url: str,

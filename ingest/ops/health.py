@@ -22,6 +22,8 @@ import structlog
 from aiohttp import web
 from anyio.abc import TaskStatus
 
+from ingest.ops.metrics import metrics_endpoint
+
 log = structlog.get_logger("dicom_ingest.health")
 
 PROBE_INTERVAL_S = 2.0
@@ -113,7 +115,8 @@ async def serve(
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/healthz`` and ``/readyz`` until cancelled; reports the bound port when started."""
+    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` until cancelled; reports the bound
+    port when started."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"alive": True})
@@ -129,6 +132,7 @@ async def serve(
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)  # Prometheus (ingest/ops/metrics.py)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:

@@ -48,6 +48,21 @@ def output_keys(settings: Settings, bucket: str, key: str) -> tuple[str, str]:
     return base + ".npy", base + ".json"
 
 
+def sse(settings: Settings) -> tuple[dict[str, str], dict[str, str]]:
+    """Server-side encryption of outputs (``output_sse``): the request parameters and the
+    headers of every PUT and multipart create (parts inherit it: S3 wants them only
+    for SSE-C, which is not offered)."""
+    if settings.output_sse == "none":
+        return {}, {}
+    mode: str = settings.output_sse
+    params = {"ServerSideEncryption": mode}
+    headers = {"x-amz-server-side-encryption": mode}
+    if settings.output_sse_kms_key_id:
+        params["SSEKMSKeyId"] = settings.output_sse_kms_key_id
+        headers["x-amz-server-side-encryption-aws-kms-key-id"] = settings.output_sse_kms_key_id
+    return params, headers
+
+
 def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
     """The header of a C-order ``.npy`` file (format 1.0 or 2.0 as NumPy picks)."""
     out = io.BytesIO()
@@ -242,8 +257,9 @@ class OutputSink:
         Raises:
             SinkError: the write failed for good.
         """
-        url = await self._presign("put_object", Key=key, ContentType=content_type)
-        headers = {"Content-Type": content_type}
+        params, sse_headers = sse(self.settings)
+        url = await self._presign("put_object", Key=key, ContentType=content_type, **params)
+        headers = {"Content-Type": content_type, **sse_headers}
 
         async def call() -> None:
             await self._put(url, headers, body, "put_object")
@@ -257,7 +273,10 @@ class OutputSink:
     async def _create_upload(self, key: str) -> str:
         async def call() -> str:
             resp = await self._call(
-                "create_multipart_upload", Key=key, ContentType="application/octet-stream"
+                "create_multipart_upload",
+                Key=key,
+                ContentType="application/octet-stream",
+                **sse(self.settings)[0],
             )
             return str(resp["UploadId"])
 

@@ -15,6 +15,7 @@ looking, and it would fail unheard if the consumer closed first.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import anyio
@@ -37,11 +38,15 @@ class Commits:
         self.tracker = OffsetTracker()
         self.consumer: Any = None  # set once the consumer exists, before ``loop`` starts
         self.count = 0  # commits that the broker acknowledged
+        # per partition: the last acknowledged commit, or when it began to owe one (metrics)
+        self.committed_at: dict[Partition, float] = {}
         self._revoke_deadline_s = revoke_deadline_s
         self._changed = anyio.Event()
         self._progress = anyio.Event()
 
     def consumed(self, partition: Partition, offset: int) -> None:
+        if not self.tracker.owes(partition):  # owing a commit starts now (commit age)
+            self.committed_at[partition] = time.monotonic()
         self.tracker.consumed(partition, offset)
 
     def finished(self, partition: Partition, offset: int) -> None:
@@ -79,6 +84,7 @@ class Commits:
             log.warning("commit timed out", timeout_s=COMMIT_TIMEOUT_S)
             return
         self.tracker.committed(offsets)
+        self.committed_at.update(dict.fromkeys(offsets, time.monotonic()))
         self.count += 1
 
     async def on_revoked(self, revoked: list[Partition]) -> None:
@@ -92,6 +98,8 @@ class Commits:
                 await self._progress.wait()
         await self.now()
         self.tracker.revoke(revoked)
+        for partition in revoked:
+            self.committed_at.pop(partition, None)
 
 
 class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

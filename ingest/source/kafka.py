@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError,
 from aiokafka.structs import OffsetAndMetadata
 
 from ingest.errors import BrokerError, BrokerRejected
+from ingest.redact import scrub_text
 from ingest.retry import with_retries
 from ingest.settings import Settings
 from ingest.source.offsets import Partition
@@ -42,6 +43,7 @@ def make_consumer(settings: Settings, listener: Any = None) -> AIOKafkaConsumer:
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
         max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
         fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
+        **client_security(settings),
     )
     consumer.subscribe([settings.source_topic], listener=listener)
     return consumer
@@ -54,7 +56,35 @@ def make_producer(settings: Settings) -> AIOKafkaProducer:
         acks="all",
         linger_ms=2,
         max_request_size=MAX_MESSAGE_BYTES,
+        **client_security(settings),
     )
+
+
+def client_security(settings: Settings) -> dict[str, Any]:
+    """TLS and SASL arguments of every aiokafka client the worker makes (docs/security.md).
+
+    TLS verifies the broker's certificate and host name against the system CAs
+    or ``kafka_ssl_cafile``; ``kafka_ssl_certfile``/``keyfile`` add a client
+    certificate. There is no setting that turns verification off.
+    """
+    s = settings
+    args: dict[str, Any] = {"security_protocol": s.kafka_security_protocol}
+    if s.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        args["ssl_context"] = create_ssl_context(
+            cafile=str(s.kafka_ssl_cafile) if s.kafka_ssl_cafile else None,
+            certfile=str(s.kafka_ssl_certfile) if s.kafka_ssl_certfile else None,
+            keyfile=str(s.kafka_ssl_keyfile) if s.kafka_ssl_keyfile else None,
+            password=s.kafka_ssl_key_password,
+        )
+    if s.kafka_security_protocol.startswith("SASL"):
+        args |= {
+            "sasl_mechanism": s.kafka_sasl_mechanism,
+            "sasl_plain_username": s.kafka_sasl_username,
+            "sasl_plain_password": s.kafka_sasl_password,
+        }
+    return args
 
 
 def translate_kafka_error(exc: KafkaError, what: str) -> BrokerError:
@@ -128,6 +158,9 @@ class Publisher:
         return await self.enqueue(topic, value, key), topic, value, key
 
     async def dead_letter(self, document: Mapping[str, Any], key: bytes | None) -> None:
+        """Send a dead letter; its ``error`` text is scrubbed of patient data and secrets."""
+        if isinstance(document.get("error"), str):
+            document = {**document, "error": scrub_text(document["error"])}
         await self.send(self._settings.dlq_topic, encode_json(document), key)
 
 

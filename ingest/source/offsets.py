@@ -22,6 +22,7 @@ class _PartitionLog:
     pending: OrderedDict[int, bool] = field(default_factory=OrderedDict)  # offset -> finished
     commit_point: int | None = None  # next offset to commit (last finished + 1)
     committed: int | None = None  # what Kafka last acknowledged
+    first: int | None = None  # the first offset consumed since assignment (the group's position)
 
 
 class OffsetTracker:
@@ -32,7 +33,7 @@ class OffsetTracker:
 
     def consumed(self, partition: Partition, offset: int) -> None:
         """Record an offset handed out by the consumer, not yet finished."""
-        log = self._logs.setdefault(partition, _PartitionLog())
+        log = self._logs.setdefault(partition, _PartitionLog(first=offset))
         if offset in log.pending:
             return
         if log.pending and offset < next(reversed(log.pending)):
@@ -66,6 +67,20 @@ class OffsetTracker:
             log = self._logs.get(partition)
             if log is not None:
                 log.committed = offset
+
+    def owes(self, partition: Partition) -> bool:
+        """Whether the partition has consumed offsets not yet committed (unfinished, or
+        finished and not yet acknowledged)."""
+        log = self._logs.get(partition)
+        return log is not None and (bool(log.pending) or log.commit_point != log.committed)
+
+    def position(self, partition: Partition) -> int | None:
+        """The group's position as this worker knows it (for lag): the last offset Kafka
+        acknowledged a commit of, else the first offset consumed (None: nothing yet)."""
+        log = self._logs.get(partition)
+        if log is None:
+            return None
+        return log.committed if log.committed is not None else log.first
 
     def revoke(self, partitions: list[Partition]) -> None:
         """Forget partitions taken away by a rebalance."""

@@ -1,0 +1,118 @@
+"""Where a trail is read from: the audit topic (with positions), or an exported file.
+
+The export format, for long retention (the seeds ask for six months at
+least: keep the file in object storage with Object Lock or on WORM media), is
+JSON lines: a header ``{"format": "dicom-ingest-audit-export", "v": 1, "topic",
+"exported_at", "messages"}`` and then one line per message, in stored order,
+``{"partition", "offset", "timestamp", "value"}`` with ``value`` the message as
+it was on the topic (UTF-8 JSON text). ``audit verify --file`` checks a file as
+it checks the topic: records, digests and their signatures travel inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from ingest.errors import BrokerError, ConfigError
+
+FORMAT = "dicom-ingest-audit-export"
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One audit message and where it was stored."""
+
+    partition: int
+    offset: int
+    timestamp: int | None
+    value: bytes
+
+    @property
+    def where(self) -> str:
+        return f"partition {self.partition} offset {self.offset}"
+
+
+async def read_audit_topic(
+    bootstrap: str, topic: str, client: dict[str, Any] | None = None, timeout_s: float = 60.0
+) -> list[Stored]:
+    """Every message of the topic, partition by partition, from the start to its end now.
+
+    Raises:
+        BrokerError: the broker could not be read within ``timeout_s``.
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, **(client or {})
+    )
+    try:
+        with anyio.fail_after(timeout_s):
+            await consumer.start()
+            await consumer.topics()
+            partitions = sorted(consumer.partitions_for_topic(topic) or {0})
+            parts = [TopicPartition(topic, p) for p in partitions]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            ends = await consumer.end_offsets(parts)
+            out: list[Stored] = []
+            for tp in parts:
+                while await consumer.position(tp) < ends[tp]:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    for records in batch.values():
+                        out += [
+                            Stored(tp.partition, r.offset, r.timestamp, r.value) for r in records
+                        ]
+            return out
+    except (KafkaError, TimeoutError) as exc:
+        raise BrokerError(f"reading {topic}: {type(exc).__name__}") from exc
+    finally:
+        await consumer.stop()
+
+
+def write_export(path: Path, topic: str, messages: list[Stored]) -> None:
+    """Write an export file (mode 600, then renamed into place)."""
+    header = {
+        "format": FORMAT,
+        "v": 1,
+        "topic": topic,
+        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "messages": len(messages),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(json.dumps(header) + "\n")
+        for m in messages:
+            line = {"partition": m.partition, "offset": m.offset, "timestamp": m.timestamp}
+            out.write(json.dumps(line | {"value": m.value.decode("utf-8", "replace")}) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def read_export(path: Path) -> list[Stored]:
+    """The messages of an export file, in stored order.
+
+    Raises:
+        ConfigError: not an export file (a line that is not what ``write_export`` writes).
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        header = json.loads(lines[0])
+        out = []
+        for line in lines[1:]:
+            m = json.loads(line)
+            value = str(m["value"]).encode("utf-8")
+            out.append(Stored(int(m["partition"]), int(m["offset"]), m.get("timestamp"), value))
+    except (OSError, ValueError, IndexError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"audit export {path}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ConfigError(f"audit export {path}: no {FORMAT} header")
+    return out

@@ -1,0 +1,217 @@
+"""``/metrics``: the instruments of ``ingest/metrics.py`` plus the live state of a running worker.
+
+The ring, the device thread, the offset tracker and the consumer already
+keep their own counts; rather than mirror each change into a gauge, a
+collector reads them when Prometheus scrapes (on the event loop, which owns
+them, so it sees a consistent state at no cost between scrapes). ``watching``
+registers a worker's objects for as long as it runs. The NVIDIA GPU's own
+utilisation and memory come from NVML where it is present (``ingest/ops/nvml.py``).
+
+Per partition, ``dicom_ingest_consumer_lag`` is the partition's high watermark
+minus the group's position as this worker knows it (its last acknowledged
+commit, else the first offset it consumed): the lag KEDA and Kafka's tools
+report, from the worker's side. ``dicom_ingest_commit_age_seconds`` is how long
+the partition has owed a commit (work consumed and not yet committed) since its
+last acknowledged one; 0 while nothing is owed, so an idle partition does not
+look stuck and a stuck object at a partition's front does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ingest.fetch.ring import PinnedRing
+from ingest.metrics import finished as finished  # the worker's one call per outcome
+from ingest.ops.nvml import NvmlCollector
+from ingest.source.commits import Commits
+
+# The text format every Prometheus (2.x and 3.x) and agent reads; generate_latest writes it.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEVICE_COUNTERS = ("batches", "jobs", "failed_jobs")
+STOPPED_DEVICE_COUNTS = ("batches", "jobs", "failed_jobs", "device_")  # in "worker stopped"
+
+
+class _Stats(Protocol):
+    """What is read of ``WorkerStats`` (``ingest/worker.py``)."""
+
+    records: int
+    skipped_events: int
+    duplicates: int
+
+
+class _DeviceThread(Protocol):
+    def stats(self) -> dict[str, int | float]: ...
+
+
+class _Settings(Protocol):
+    @property
+    def worker_id(self) -> str: ...
+
+
+class _Worker(Protocol):
+    """What is read of a running ``Worker`` (``ingest/worker.py``)."""
+
+    @property
+    def settings(self) -> _Settings: ...
+    @property
+    def stats(self) -> _Stats: ...
+    @property
+    def _commits(self) -> Commits: ...
+    @property
+    def _consumer(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Watched:
+    worker: str
+    stats: _Stats
+    commits: Commits
+    consumer: Any
+    ring: PinnedRing
+    thread: _DeviceThread
+
+
+class WorkerCollector(Collector):
+    """The live state of every worker running in this process (one, outside tests)."""
+
+    def __init__(self) -> None:
+        self.watched: list[_Watched] = []
+
+    def describe(self) -> Iterable[Metric]:
+        return _Families().all()
+
+    def collect(self) -> Iterable[Metric]:
+        families = _Families()
+        for w in list(self.watched):
+            families.add(w)
+        return families.all()
+
+
+class _Families:
+    def __init__(self) -> None:
+        def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"dicom_ingest_{name}", doc, labels=["worker", *labels])
+
+        def counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+            return CounterMetricFamily(f"dicom_ingest_{name}", doc, labels=["worker", *labels])
+
+        self.ring_slots = gauge("ring_slots", "Slots in the ring of (pinned) host buffers")
+        self.ring_slot_bytes = gauge("ring_slot_bytes", "Bytes of one ring slot (PART_SIZE)")
+        self.ring_in_use = gauge("ring_slots_in_use", "Ring slots in use (a cut slot counts one)")
+        self.ring_small = gauge("ring_small_slots_in_use", "1 MiB small slots in use")
+        self.ring_pinned = gauge("ring_pinned", "1 when the ring is page-locked (CUDA)")
+        self.ring_waits = counter("ring_waits", "Acquisitions that waited for a free slot")
+        self.ring_acquired = counter("ring_acquired", "Slots and small slots handed out")
+        self.records = counter("records", "Kafka records taken from the source topic")
+        self.skipped = counter("skipped_events", "Notification records that were not creations")
+        self.duplicates = counter("duplicates", "Repeated notifications of a known object")
+        self.commits = counter("commits", "Offset commits the broker acknowledged")
+        self.device = counter("device", "Device thread counts (batches, jobs, failed_jobs)", "what")
+        self.device_stat = gauge("device_stat", "Other device thread counters", "name")
+        self.lag = gauge(
+            "consumer_lag", "High watermark minus the group's position", "topic", "partition"
+        )
+        self.commit_age = gauge(
+            "commit_age_seconds", "Seconds a commit has been owed", "topic", "partition"
+        )
+        self.in_flight = gauge(
+            "records_in_flight", "Records consumed, not yet finished", "topic", "partition"
+        )
+
+    def add(self, w: _Watched) -> None:
+        ring = w.ring.stats()
+        for family, value in (
+            (self.ring_slots, ring.slots),
+            (self.ring_slot_bytes, ring.slot_size),
+            (self.ring_in_use, ring.in_use),
+            (self.ring_small, ring.small_in_use),
+            (self.ring_pinned, int(ring.pinned)),
+            (self.ring_waits, ring.waits),
+            (self.ring_acquired, ring.acquired),
+            (self.records, w.stats.records),
+            (self.skipped, w.stats.skipped_events),
+            (self.duplicates, w.stats.duplicates),
+            (self.commits, w.commits.count),
+        ):
+            family.add_metric([w.worker], value)
+        for name, count in w.thread.stats().items():
+            if name in DEVICE_COUNTERS:
+                self.device.add_metric([w.worker, name], count)
+            else:
+                self.device_stat.add_metric([w.worker, name], count)
+        self._partitions(w)
+
+    def _partitions(self, w: _Watched) -> None:
+        now = time.monotonic()
+        tracker = w.commits.tracker
+        for tp in sorted(w.consumer.assignment()):
+            partition = (tp.topic, tp.partition)
+            labels = [w.worker, tp.topic, str(tp.partition)]
+            unfinished = tracker.in_flight(partition)
+            self.in_flight.add_metric(labels, unfinished)
+            since = w.commits.committed_at.get(partition)
+            owed = tracker.owes(partition) and since is not None
+            self.commit_age.add_metric(labels, now - since if owed and since else 0.0)
+            try:
+                highwater = w.consumer.highwater(tp)
+            except Exception:  # taken away between assignment() and now
+                continue
+            position = tracker.position(partition)
+            if highwater is not None and position is not None:
+                self.lag.add_metric(labels, max(0, highwater - position))
+
+    def all(self) -> list[Metric]:
+        return [v for v in vars(self).values() if isinstance(v, Metric)]
+
+
+WORKERS = WorkerCollector()
+REGISTRY.register(WORKERS)
+REGISTRY.register(NvmlCollector())
+
+
+@contextmanager
+def watching(worker: _Worker, ring: PinnedRing, thread: _DeviceThread) -> Iterator[None]:
+    """Expose one running worker's ring, device thread, offsets and lag while in the block
+    (its consumer and commits exist by then)."""
+    watched = _Watched(
+        worker.settings.worker_id, worker.stats, worker._commits, worker._consumer, ring, thread
+    )
+    WORKERS.watched.append(watched)
+    try:
+        yield
+    finally:
+        WORKERS.watched.remove(watched)
+
+
+def stopped_summary(stats: Any, thread: _DeviceThread) -> dict[str, Any]:
+    """The counts of the "worker stopped" log line: the worker's and the device's."""
+    device = {k: v for k, v in thread.stats().items() if k.startswith(STOPPED_DEVICE_COUNTS)}
+    return {**dataclasses.asdict(stats), "device": device}
+
+
+async def metrics_endpoint(_: web.Request) -> web.Response:
+    """``GET /metrics`` in Prometheus' text format."""
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE})
+
+
+def exported_names() -> set[str]:
+    """Every sample name ``/metrics`` of a worker can carry (dashboards are checked against it)."""
+    from ingest import metrics
+    from ingest.ops.nvml import families as nvml_families
+
+    instruments = [metrics.OBJECTS, metrics.SOURCE_BYTES, metrics.STAGE_SECONDS, metrics.RETRIES]
+    instruments += [metrics.DEAD_LETTERS, metrics.RANGES_IN_FLIGHT, metrics.PUTS_IN_FLIGHT]
+    found: list[Metric] = [f for i in instruments for f in i.describe()]
+    found += _Families().all() + list(nvml_families())
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    return {f.name + s for f in found for s in suffixes.get(f.type, ("",))}

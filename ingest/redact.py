@@ -1,0 +1,146 @@
+"""Keeping patient data and secrets out of every log line, error text and dead letter.
+
+``redact_event`` is a structlog processor (``logs.configure_logging`` puts it
+before the renderer, after the exception is formatted, so tracebacks are
+scrubbed too); ``scrub_text`` is the same cleaning for one string (the
+dead-letter record's ``error``). What it does:
+
+- fields named after a patient attribute (name, ID, birth date, sex, age,
+  address, telephone, accession number, other patient IDs, comments and other
+  free text, institution and physician names) are replaced by ``[phi]``;
+- fields named after a secret (keys, passwords, tokens, credentials,
+  signatures, authorization, cookies) are replaced by ``[secret]``;
+- ``key`` / ``object_key`` / ``source_key`` values that are not already a
+  ``key_digest`` are hashed: object keys may hold patient names;
+- in every string: presigned URL signatures, credentials and security tokens
+  (``X-Amz-Signature=...`` and the like), ``Authorization`` headers, the path
+  and query of any URL and the key of any ``s3://`` URI (hashed: they hold
+  object keys), DICOM person names (``FAMILY^GIVEN``), and the value after a
+  patient attribute's keyword or tag (``PatientName='...'``, ``(0010,0010)``)
+  are masked.
+
+It is a net under the rule that code never logs header values or raw keys,
+not a replacement for it: a free-text value with no marker cannot be told
+from any other text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Final
+
+PHI_FIELDS: Final = frozenset(
+    {
+        "patient_name", "patientname", "patient_id", "patientid", "patient_birth_date",
+        "patientbirthdate", "birth_date", "birthdate", "patient_sex", "patient_age",
+        "patient_address", "patientaddress", "address", "patient_telephone_numbers",
+        "accession_number", "accessionnumber", "other_patient_ids", "otherpatientids",
+        "other_patient_names", "patient_comments", "image_comments", "study_description",
+        "series_description", "institution_name", "institution_address",
+        "referring_physician_name", "performing_physician_name", "operators_name",
+        "free_text", "comments", "patient",
+    }
+)  # fmt: skip
+_SECRET_WORDS: Final = (
+    "password", "passwd", "secret", "token", "credential", "signature", "authorization",
+    "cookie", "private_key", "audit_key", "data_key", "api_key", "access_key",
+)  # fmt: skip
+KEY_FIELDS: Final = frozenset({"key", "object_key", "source_key", "s3_key"})
+_DIGEST = re.compile(r"^[0-9a-f]{16}$")
+_PATTERNS: Final = (
+    # presigned URL query parameters and headers that carry secrets
+    (re.compile(r"(?i)(X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s\"']+"), r"\1[secret]"),
+    (re.compile(r"(?i)(Signature=|AWSAccessKeyId=|sig=)[^&\s\"']+"), r"\1[secret]"),
+    (re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)[^\"',}]+"), r"\1[secret]"),
+    (
+        re.compile(r"(?i)((?:password|secret|token)[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]+"),
+        r"\1[secret]",
+    ),
+)
+_URL = re.compile(r"\b(https?://[^/\s\"'?#]+)(/[^\s\"'<>]*)?")
+_S3_URI = re.compile(r"\bs3://([^/\s\"']+)/([^\s\"'<>]*)")
+_PERSON_NAME = re.compile(r"[A-Za-z0-9'.-]+(?:\^[A-Za-z0-9'. -]*)+")
+_PHI_KEYWORD = re.compile(
+    r"(?i)(?<!\w)(Patient(?:Name|ID|BirthDate|Address|Sex|Age|TelephoneNumbers|Comments)|"
+    r"OtherPatient(?:IDs|Names)|AccessionNumber|ImageComments|StudyDescription|"
+    r"InstitutionName|ReferringPhysicianName|\(00(?:10|08),[0-9a-f]{4}\))"
+    r"(\s*(?:[:=]|value|of)?\s*)(?:'[^']*'|\"[^\"]*\"|[^\s,;)]+)"
+)
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _path(path: str | None) -> str:
+    return f"/<{_hash(path)}>" if path and path != "/" else path or ""
+
+
+def scrub_text(text: str) -> str:
+    """``text`` with secrets, object keys in URLs, person names and PHI values masked."""
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    text = _URL.sub(lambda m: m.group(1) + _path(m.group(2)), text)
+    text = _S3_URI.sub(lambda m: f"s3://{m.group(1)}/<{_hash(m.group(2))}>", text)
+    text = _PHI_KEYWORD.sub(lambda m: f"{m.group(1)}{m.group(2)}[phi]", text)
+    return _PERSON_NAME.sub("[phi]", text)
+
+
+def _field_kind(name: str) -> str | None:
+    lowered = name.lower()
+    if lowered in PHI_FIELDS:
+        return "[phi]"
+    if any(word in lowered for word in _SECRET_WORDS):
+        return "[secret]"
+    return None
+
+
+def _clean(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return scrub_text(value)
+    if depth > 4:
+        return value
+    if isinstance(value, Mapping):
+        return {k: _clean_field(str(k), v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v, depth + 1) for v in value]
+    if isinstance(value, BaseException):
+        return scrub_text(f"{type(value).__name__}: {value}")
+    return value
+
+
+def _clean_field(name: str, value: Any, depth: int = 0) -> Any:
+    kind = _field_kind(name)
+    if kind is not None and value is not None:
+        return kind
+    if name in KEY_FIELDS and isinstance(value, str) and not _DIGEST.match(value):
+        return _hash(value)
+    return _clean(value, depth)
+
+
+class RedactFilter(logging.Filter):
+    """The same cleaning for the standard library's log records (aiokafka, botocore)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = scrub_text(record.getMessage()), ()
+        if record.exc_info:
+            import traceback
+
+            text = "".join(traceback.format_exception(*record.exc_info))
+            record.msg = f"{record.msg}\n{scrub_text(text)}"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def redact_event(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """The structlog processor: every field of the event, the message and traceback too."""
+    for name in list(event):
+        if name in ("timestamp", "level", "logger"):
+            continue
+        event[name] = _clean_field(name, event[name])
+    return event

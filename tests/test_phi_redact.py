@@ -1,0 +1,100 @@
+"""The log processor that masks patient data and secrets, field by field and in free text."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from ingest.logs import configure_logging, key_digest
+from ingest.redact import RedactFilter, redact_event, scrub_text
+
+SIGNED = (
+    "https://s3.example:9000/scans/Doe%5EJane/ct.dcm?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+    "&X-Amz-Credential=AKIAEXAMPLE%2F20260101%2Fus-east-1&X-Amz-Signature=deadbeef01"
+    "&X-Amz-Security-Token=FQoGZXIvYXdzEXAMPLE"
+)
+
+
+@pytest.fixture(autouse=True)
+def lasting_stderr(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``main`` configures logging onto ``sys.stderr``; loggers keep that stream after the
+    test, so give them the process's own (captured by fd) and restore the configuration."""
+    saved = structlog.get_config()
+    monkeypatch.setattr("sys.stderr", sys.__stderr__)
+    yield
+    structlog.configure(**saved)
+
+
+def test_fields_named_after_patient_attributes_and_secrets_are_masked() -> None:
+    event = redact_event(None, "info", {
+        "event": "x", "patient_name": "DOE^JANE", "PatientID": "12345", "accession_number": "A1",
+        "birth_date": "19700101", "kafka_sasl_password": "hunter2", "audit_key": "c2VjcmV0",
+        "key": "Doe^Jane/ct.dcm", "other": {"patient_id": "777", "token": "t0k"},
+        "count": 3,
+    })  # fmt: skip
+    assert event["patient_name"] == event["PatientID"] == event["birth_date"] == "[phi]"
+    assert event["accession_number"] == "[phi]"
+    assert event["kafka_sasl_password"] == event["audit_key"] == "[secret]"
+    assert event["other"] == {"patient_id": "[phi]", "token": "[secret]"}
+    assert event["key"] == key_digest("Doe^Jane/ct.dcm")  # raw keys hashed,
+    assert redact_event(None, "info", {"key": event["key"]})["key"] == event["key"]  # digests kept
+    assert event["count"] == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "gone"),
+    [
+        (f"GET {SIGNED} failed", ["deadbeef01", "AKIAEXAMPLE", "FQoGZXIvYXdzEXAMPLE", "Doe"]),
+        ("cannot read s3://scans/Smith John 1970/ct.dcm", ["Smith"]),
+        ("bad value for PatientName='DOE^JANE' in header", ["DOE", "JANE"]),
+        ("(0010,0020) 'ID-4711' is too long", ["ID-4711"]),
+        ("element AccessionNumber: ACC99 invalid", ["ACC99"]),
+        ("Referring MUELLER^HANS^^DR", ["MUELLER", "HANS"]),
+        ("Authorization: AWS4-HMAC-SHA256 Credential=AKIA/x, Signature=abc", ["abc", "AKIA/x"]),
+        ('{"password": "hunter2"}', ["hunter2"]),
+    ],
+)
+def test_free_text_is_scrubbed(text: str, gone: list[str]) -> None:
+    clean = scrub_text(text)
+    for value in gone:
+        assert value not in clean, clean
+
+
+def test_ordinary_messages_pass_unchanged() -> None:
+    for text in ("worker started", "GET bytes=0-65535: S3 answered 503 SlowDown",
+                 "JPEG 2000 Image Compression (Lossless Only) is not supported",
+                 "listening on http://0.0.0.0:8080/"):  # fmt: skip
+        assert scrub_text(text) == text
+
+
+def test_configured_logging_scrubs_structlog_and_stdlib_lines(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stderr", sys.__stderr__)  # after capfd's: it outlives the test
+    configure_logging(json=True, level=logging.INFO)
+    capfd.readouterr()
+    log = structlog.get_logger("dicom_ingest.test")
+    log.warning("upload failed", url=SIGNED, patient_name="DOE^JANE", detail="see DOE^JANE")
+    try:
+        raise ValueError("PatientID='P-0815' rejected")  # noqa: TRY301 - a traceback to log
+    except ValueError:
+        log.exception("internal error")
+    err = capfd.readouterr().err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert [line["event"] for line in lines] == ["upload failed", "internal error"]
+    for secret in ("deadbeef01", "DOE", "JANE", "P-0815"):
+        assert secret not in err, secret
+    assert "ValueError" in lines[1]["exception"]  # the traceback stays, its values do not
+    # the standard library's records (aiokafka, botocore) pass the same filter
+    root = logging.getLogger().handlers
+    assert root
+    assert all(any(isinstance(f, RedactFilter) for f in h.filters) for h in root)
+    record = logging.LogRecord("aiokafka", logging.WARNING, __file__, 1,
+                               "SASL password=hunter2 for %s", ("MUELLER^HANS",), None)  # fmt: skip
+    assert RedactFilter().filter(record)
+    assert record.getMessage() == "SASL password=[secret] for [phi]"
