@@ -18,11 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import anyio
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
-
-from ingest.errors import BrokerError, ConfigError
+from ingest.errors import ConfigError
+from ingest.source.kafka import read_records
 
 FORMAT = "dicom-ingest-audit-export"
 
@@ -49,31 +46,8 @@ async def read_audit_topic(
     Raises:
         BrokerError: the broker could not be read within ``timeout_s``.
     """
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, **(client or {})
-    )
-    try:
-        with anyio.fail_after(timeout_s):
-            await consumer.start()
-            await consumer.topics()
-            partitions = sorted(consumer.partitions_for_topic(topic) or {0})
-            parts = [TopicPartition(topic, p) for p in partitions]
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            ends = await consumer.end_offsets(parts)
-            out: list[Stored] = []
-            for tp in parts:
-                while await consumer.position(tp) < ends[tp]:
-                    batch = await consumer.getmany(tp, timeout_ms=1000)
-                    for records in batch.values():
-                        out += [
-                            Stored(tp.partition, r.offset, r.timestamp, r.value) for r in records
-                        ]
-            return out
-    except (KafkaError, TimeoutError) as exc:
-        raise BrokerError(f"reading {topic}: {type(exc).__name__}") from exc
-    finally:
-        await consumer.stop()
+    records = await read_records(bootstrap, topic, client=client, timeout_s=timeout_s)
+    return [Stored(r.partition, r.offset, r.timestamp, r.value) for r in records]
 
 
 def write_export(path: Path, topic: str, messages: list[Stored]) -> None:

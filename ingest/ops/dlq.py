@@ -38,12 +38,13 @@ from typing import Any
 from urllib.parse import quote_plus
 
 import anyio
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 from ingest.errors import BrokerError
 from ingest.settings import Settings
+from ingest.source.kafka import read_records
 
 HEADER = "dicom-ingest-replay-of"
 TIMEOUT_S = 120.0
@@ -178,30 +179,9 @@ def _plan(
 
 
 async def read_all(settings: Settings, topic: str) -> list[Any]:
-    """Every record of ``topic`` from the beginning to the end it has now (no group)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        await consumer.topics()
-        parts = [
-            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
-        if not parts:
-            return []
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        records: list[Any] = []
-        for tp in parts:
-            while await consumer.position(tp) < ends[tp]:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
-                # all of each batch: Tansu's end offset can stop inside its last batch
-                records += [r for rs in batch.values() for r in rs]
-        return records
-    finally:
-        await consumer.stop()
+    """Every record of ``topic`` from the beginning to the end it has now (no group); a
+    topic not there yet is empty."""
+    return await read_records(settings.kafka_bootstrap, topic, missing_ok=True)
 
 
 async def _ensure_topic(bootstrap: str, topic: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NodeNotReadyError
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from ingest.errors import BrokerError, BrokerRejected
 from ingest.redact import scrub_text
@@ -178,29 +178,53 @@ async def commit(consumer: AIOKafkaConsumer, offsets: Mapping[Partition, int]) -
         raise translate_kafka_error(exc, "commit") from exc
 
 
-async def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[bytes]:
-    """Every message of a topic, from the beginning to the end it has now (no group).
+async def read_records(
+    bootstrap: str,
+    topic: str,
+    *,
+    client: Mapping[str, Any] | None = None,
+    timeout_s: float = 60.0,
+    missing_ok: bool = False,
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of a topic, partition by partition, from the beginning to the end it
+    has now (no group). Whole batches are kept: Tansu's end offset can stop inside its
+    last batch. ``client``: TLS/SASL arguments (``client_security``); ``missing_ok``: a
+    topic with no partitions known reads as empty (else partition 0 is read).
 
     Raises:
         BrokerError: the broker could not be read within ``timeout_s``.
     """
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, **dict(client or {})
+    )
     try:
         with anyio.fail_after(timeout_s):
             await consumer.start()
             await consumer.topics()  # loads the metadata partitions_for_topic reads
-            partitions = sorted(consumer.partitions_for_topic(topic) or {0})
-            parts = [TopicPartition(topic, p) for p in partitions]
+            known = consumer.partitions_for_topic(topic)
+            if not known and missing_ok:
+                return []
+            parts = [TopicPartition(topic, p) for p in sorted(known or {0})]
             consumer.assign(parts)
             await consumer.seek_to_beginning(*parts)
             ends = await consumer.end_offsets(parts)
-            values: list[bytes] = []
+            records: list[ConsumerRecord[bytes, bytes]] = []
             for tp in parts:
                 while await consumer.position(tp) < ends[tp]:
                     batch = await consumer.getmany(tp, timeout_ms=1000)
-                    values.extend(r.value for records in batch.values() for r in records)
-            return values
+                    records += [r for rs in batch.values() for r in rs]
+            return records
     except (KafkaError, TimeoutError) as exc:
         raise BrokerError(f"reading {topic}: {type(exc).__name__}: {exc}") from exc
     finally:
         await consumer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[bytes]:
+    """Every message value of a topic (``read_records``).
+
+    Raises:
+        BrokerError: the broker could not be read within ``timeout_s``.
+    """
+    records = await read_records(bootstrap, topic, timeout_s=timeout_s)
+    return [r.value for r in records]
