@@ -26,8 +26,10 @@ place each (``fetch.translate_s3_error``, ``dicom.parse_header``), always with
     ├── LimitExceeded                the input asks for more than our bounds allow
     ├── ProcessingError              the GPU/CPU preprocessing stage failed
     ├── SinkError                    writing outputs / results        (retriable)
-    └── BrokerError                  Kafka unreachable, timing out    (retriable)
-        └── BrokerRejected           Kafka refused for good (size, authorization)
+    ├── BrokerError                  Kafka unreachable, timing out    (retriable)
+    │   └── BrokerRejected           Kafka refused for good (size, authorization)
+    └── KeyServiceError              KMS or the keyring gave no data key  (retriable)
+        └── KeyRefused               refused for good: denied, wrong context, unknown key
 """
 
 from __future__ import annotations
@@ -162,3 +164,17 @@ class BrokerRejected(BrokerError):
 
     retriable = False
     reason = "broker_rejected"
+
+
+class KeyServiceError(IngestError):
+    """The key service (KMS or the keyring) did not give or unwrap a data key."""
+
+    retriable = True
+    reason = "audit_key_service"
+
+
+class KeyRefused(KeyServiceError):
+    """The key service refused for good: access denied, a wrong context, an unknown key."""
+
+    retriable = False
+    reason = "audit_key_refused"

@@ -14,11 +14,12 @@ import pytest
 import structlog
 
 from ingest.audit.digest import DigestSigner, load_signing_key
-from ingest.audit.keys import KeyRefused, KmsKeys, context
+from ingest.audit.keys import KmsKeys, context
 from ingest.audit.publish import AuditPublisher
 from ingest.audit.records import AuditTrail
 from ingest.audit.store import Stored, write_export
 from ingest.audit.verify import unwrap_all, verify_trail
+from ingest.errors import KeyRefused
 from tests.moto_kms import CREDENTIALS, MotoServer
 from tests.test_audit_trail import DEAD, OK, MemoryPublisher, cli, settings_for
 

@@ -35,24 +35,10 @@ from typing import Any, Protocol
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ingest.errors import ConfigError, IngestError
+from ingest.errors import ConfigError, KeyRefused, KeyServiceError
 
 KEY_BYTES = 32
 _NONCE = 12
-
-
-class KeyServiceError(IngestError):
-    """The key service (KMS or the keyring) did not give or unwrap a data key."""
-
-    retriable = True
-    reason = "audit_key_service"
-
-
-class KeyRefused(KeyServiceError):
-    """The key service refused for good: access denied, a wrong context, an unknown key."""
-
-    retriable = False
-    reason = "audit_key_refused"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.audit.digest import Digest, read_digest
-from ingest.audit.keys import KeyServiceError, KeySource, context
+from ingest.audit.keys import KeySource, context
 from ingest.audit.records import (
     ENVELOPE_HEAD_ZERO,
     AuditVerificationError,
     open_envelope,
     record_digest,
 )
+from ingest.errors import KeyServiceError
 
 
 @dataclass(frozen=True, slots=True)
