@@ -49,7 +49,7 @@ class Settings:
     device: Device = "auto"
     audit_key_id: str = "local-1"
     sink: Literal["s3", "none"] = "s3"
-    source_hash: Literal["sha256", "sha256-tree", "none"] = "sha256"
+    source_hash: Literal["crc64nvme", "sha256", "sha256-tree", "none"] = "crc64nvme"
     hook: str | None = None
     # Tuning: byte ranges, the pinned ring, concurrency and batching.
     part_size: int = 32 * MiB  # docs/configuration.md says why (measured)
@@ -255,7 +255,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "device": _parse_choice("device", ("auto", "cuda", "cpu")),
     "audit_key_id": _parse_nonempty("audit_key_id"),
     "sink": _parse_choice("sink", ("s3", "none")),
-    "source_hash": _parse_choice("source_hash", ("sha256", "sha256-tree", "none")),
+    "source_hash": _parse_choice("source_hash", ("crc64nvme", "sha256", "sha256-tree", "none")),
     "hook": lambda raw: raw.strip() or None,
     "part_size": _parse_int("part_size", 64 * 1024, 1024 * MiB),
     "ring_slots": _parse_int("ring_slots", 2, 4096),

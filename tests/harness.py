@@ -15,6 +15,7 @@ import anyio
 import numpy as np
 from aiobotocore.session import get_session
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from awscrt import checksums
 
 from ingest.embedded.stack import Stack, create_topics
 from ingest.fetch.ring import RingStats
@@ -224,6 +225,11 @@ def md5(data: bytes) -> str:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def crc64nvme(data: bytes) -> str:
+    """The whole object's CRC64NVME in one call, as S3 shows it (base64, big-endian)."""
+    return base64.b64encode(checksums.crc64nvme(data).to_bytes(8, "big")).decode()
 
 
 async def read_topic_raw(stack: Stack, topic: str) -> list[bytes]:

@@ -43,7 +43,7 @@ async def _published(stack: Stack, objects: dict[str, bytes]) -> harness.Names:
     return names
 
 
-@pytest.mark.parametrize("source_hash", ["sha256", "sha256-tree", "none"])
+@pytest.mark.parametrize("source_hash", ["crc64nvme", "sha256", "sha256-tree", "none"])
 @pytest.mark.parametrize("device", DEVICES)
 async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
     stack: Stack, device: str, source_hash: str
@@ -83,7 +83,9 @@ async def test_hook_sees_every_chunk_and_no_sink_writes_nothing(
         data = objects[r["source"]["key"]]
         sha256 = harness.sha256(data) if source_hash == "sha256" else None
         tree = calculate_tree_hash(io.BytesIO(data)) if source_hash == "sha256-tree" else None
-        assert (r["source"]["sha256"], r["source"]["sha256_tree"]) == (sha256, tree)
+        crc = harness.crc64nvme(data) if source_hash == "crc64nvme" else None
+        got = (r["source"]["sha256"], r["source"]["sha256_tree"], r["source"]["crc64nvme"])
+        assert got == (sha256, tree, crc)
     async with harness.s3_client(stack) as s3:
         listing = await s3.list_objects_v2(Bucket=names.output_bucket)
     assert listing.get("KeyCount", 0) == 0  # nothing left the device

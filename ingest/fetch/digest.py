@@ -1,7 +1,11 @@
 """The source object's digest under ``DICOM_INGEST_SOURCE_HASH``, fed as its bytes arrive.
 
-* ``sha256`` (the default): the plain SHA-256 of the whole object
-  (``source.sha256``). It is sequential, so the ranges must be fed in order
+* ``crc64nvme`` (the default): the full-object CRC64NVME that S3 itself stores
+  and shows (``source.crc64nvme``; ``ingest/fetch/crc_digest.py``), fed in any
+  order: each range is checksummed right after its GET at ~30 GB/s a core and
+  the parts are combined. It finds corrupted bytes, not forged ones.
+* ``sha256``: the plain SHA-256 of the whole object (``source.sha256``), the
+  cryptographic digest. It is sequential, so the ranges must be fed in order
   (``in_order``), and one object is hashed on one core whatever the number of
   ranges in flight: 0.5-1.0 core-s/GB (hashlib, OpenSSL), which caps one large
   object at that rate.
@@ -11,7 +15,7 @@
   in flight. The same CPU per byte, without the one-core cap. For an object of
   at most 1 MiB it equals the plain SHA-256.
 * ``none``: nothing, for real-time use where the ETag and version identify the
-  source well enough; both fields are then ``null``.
+  source well enough; every digest field is then ``null``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from ingest.fetch.crc_digest import CrcDigest
 from ingest.fetch.tree_digest import TreeDigest
 from ingest.settings import Settings
 
@@ -29,6 +34,7 @@ class Digests:
 
     sha256: str | None = None
     sha256_tree: str | None = None
+    crc64nvme: str | None = None
 
 
 class SourceDigest:
@@ -37,12 +43,16 @@ class SourceDigest:
     def __init__(self, settings: Settings, size: int, first: memoryview | bytes = b"") -> None:
         self._hash = hashlib.sha256(first) if settings.source_hash == "sha256" else None
         self._tree = TreeDigest(size) if settings.source_hash == "sha256-tree" else None
-        if self._tree is not None and len(first):
-            self._tree.add(0, first)
+        self._crc = CrcDigest(size) if settings.source_hash == "crc64nvme" else None
+        if len(first):
+            if self._tree is not None:
+                self._tree.add(0, first)
+            if self._crc is not None:
+                self._crc.add(0, first)
 
     @property
     def enabled(self) -> bool:
-        return self._hash is not None or self._tree is not None
+        return self._hash is not None or self._tree is not None or self._crc is not None
 
     @property
     def in_order(self) -> bool:
@@ -51,28 +61,32 @@ class SourceDigest:
 
     @property
     def any_order(self) -> bool:
-        """Whether ``update`` takes ranges in any order, from any thread (the tree hash)."""
-        return self._tree is not None
+        """Whether ``update`` takes ranges in any order, from any thread (tree hash, CRC)."""
+        return self._tree is not None or self._crc is not None
 
     def update(self, start: int, data: memoryview) -> None:
         """Take bytes ``[start, start + len(data))`` of the object (each byte once).
 
         Raises:
-            ValueError: (tree hash) bytes outside the object, or given twice.
+            ValueError: (tree hash, CRC) bytes outside the object; (tree hash) given twice.
         """
         if self._hash is not None:
             self._hash.update(data)
         elif self._tree is not None:
             self._tree.add(start, data)
+        elif self._crc is not None:
+            self._crc.add(start, data)
 
     def digests(self) -> Digests:
         """The digest, once every byte has been given.
 
         Raises:
-            ValueError: (tree hash) some bytes were never given.
+            ValueError: (tree hash, CRC) some bytes were never given.
         """
         if self._hash is not None:
             return Digests(sha256=self._hash.hexdigest())
         if self._tree is not None:
             return Digests(sha256_tree=self._tree.hexdigest())
+        if self._crc is not None:
+            return Digests(crc64nvme=self._crc.b64digest())
         return Digests()

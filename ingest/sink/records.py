@@ -69,6 +69,7 @@ def sidecar(
             "size": done.head.size,
             "sha256": done.digests.sha256,
             "sha256_tree": done.digests.sha256_tree,
+            "crc64nvme": done.digests.crc64nvme,
         },
         "output": {"npy": done.output_key, "json": done.sidecar_key} if written else None,
         "study_instance_uid": h.study_instance_uid,
