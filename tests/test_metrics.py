@@ -20,6 +20,7 @@ from aiohttp import ClientSession
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu.thread import cuda_unavailable_reason
 from ingest import metrics
 from ingest.embedded.samples import (
     example_bytes,
@@ -211,3 +212,52 @@ def test_labels_are_bounded() -> None:
     assert metrics.syntax_label("1.2.3.4.5.6.7") == "other"
     assert metrics.syntax_label(None) == "unknown"
     assert set(metrics.STAGES) >= {"first_get", "parse", "fetch", "decode", "device", "sink"}
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(cuda_unavailable_reason() is not None, reason="no CUDA")
+async def test_a_cuda_worker_reports_its_gpu_from_nvml(stack: Stack) -> None:
+    """NVML's gauges for the worker's GPU appear once it has run on the device."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py (the cuda extra) is not installed")
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    objects = dict(synthetic_ct_series(2, 64, 64))
+    await harness.upload(stack, names.source_bucket, list(objects.items()))
+    port = free_port()
+    settings = harness.make_settings(
+        stack, names, health_port=str(port), health_host="127.0.0.1", device="cuda"
+    )
+    outcomes: list[Outcome] = []
+    all_done = anyio.Event()
+
+    def on_outcome(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        if len(outcomes) == len(objects):
+            all_done.set()
+
+    worker = Worker(settings, on_outcome)
+    async with anyio.create_task_group() as group:
+        await group.start(worker.run)
+        await harness.publish(
+            stack,
+            names.source_topic,
+            [harness.aws_notification(names.source_bucket, [k]) for k in objects],
+        )
+        with anyio.fail_after(60):
+            await all_done.wait()
+        samples = await scrape(port)
+        worker.stop()
+    assert all(o.processed for o in outcomes)
+    gpus = {dict(labels)["gpu"] for name, labels in samples if name.startswith("dicom_ingest_gpu_")}
+    assert len(gpus) == 1
+    [gpu] = gpus
+    assert gpu.startswith("GPU-")  # NVML's UUID
+    total = value(samples, "dicom_ingest_gpu_memory_total_bytes", gpu=gpu)
+    used = value(samples, "dicom_ingest_gpu_memory_used_bytes", gpu=gpu)
+    assert total > 1 << 30
+    assert 0 < used <= total  # our own context and ring at least
+    assert 0 <= value(samples, "dicom_ingest_gpu_utilization_ratio", gpu=gpu) <= 1
+    assert value(samples, "dicom_ingest_gpu_pcie_rx_bytes_per_second", gpu=gpu) >= 0
