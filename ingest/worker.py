@@ -47,7 +47,7 @@ from ingest.fetch.ring import PinnedRing
 from ingest.fetch.s3 import S3Source
 from ingest.hooks import enable_device_arrays, load_hook
 from ingest.logs import bind_object, key_digest
-from ingest.ops.health import Health, probe, serve
+from ingest.ops.health import Health, probe, serving
 from ingest.ops.metrics import finished, stopped_summary, watching
 from ingest.pipeline.jobs import Context
 from ingest.pipeline.process import process_object
@@ -61,8 +61,8 @@ from ingest.sink.records import (
     sidecar,
     success_event,
 )
-from ingest.source.commits import Commits, Rebalance
-from ingest.source.kafka import Publisher, make_consumer, make_producer
+from ingest.source.group import GroupMember
+from ingest.source.kafka import Publisher, make_producer
 from ingest.source.notifications import (
     ObjectRef,
     RecentObjects,
@@ -107,12 +107,16 @@ class Worker:
     """The long-running worker. ``await run()`` until ``stop()`` (or cancellation)."""
 
     def __init__(
-        self, settings: Settings, on_outcome: Callable[[Outcome], None] | None = None
+        self,
+        settings: Settings,
+        on_outcome: Callable[[Outcome], None] | None = None,
+        member: GroupMember | None = None,  # one whose join is under way (the CLI's)
     ) -> None:
         self.settings = settings
         self.stats = WorkerStats()
         self._on_outcome = on_outcome
-        self._commits = Commits(settings.shutdown_deadline_s)
+        self._member = member or GroupMember(settings)
+        self._commits = self._member.commits
         self._recent = RecentObjects()
         self._running: dict[tuple[str, str, str, str], anyio.Event] = {}
         self._intake_scope = anyio.CancelScope()
@@ -120,7 +124,7 @@ class Worker:
         self._in_flight = 0  # object (and bad-record) tasks running
         self.health = Health()
         self.health_port: int | None = None
-        self._consumer: Any = None
+        self._consumer: Any = self._member.consumer
         self._producer: Any = None
         self._publisher: Publisher | None = None
         self._audit: AuditPublisher | None = None
@@ -154,18 +158,19 @@ class Worker:
         # How long a thread that wants the GIL waits for its holder: the device thread
         # and the GET threads give it up at every CUDA call or recv.
         sys.setswitchinterval(s.gil_switch_ms / 1000.0)
-        thread = DeviceThread(s.device)
-        thread.start()
-        try:
+        async with AsyncExitStack() as stack:
+            # The group join first (ingest/source/group.py): the broker holds it while
+            # the device, the ring and the clients start; the first poll waits for it.
+            await self._member.start()
+            stack.push_async_callback(self._member.aclose)  # idempotent; see _run_with
+            thread = DeviceThread(s.device)
+            thread.start()
+            stack.push_async_callback(anyio.to_thread.run_sync, thread.close)  # idempotent
             ring = await PinnedRing.allocate(thread.alloc_host, s.slot_size, s.ring_slots)
-            try:
-                await self._run_with(thread, ring, task_status)
-            finally:
-                # The thread finishes its queued copies before the ring's memory goes.
-                await anyio.to_thread.run_sync(thread.close)
-                await ring.aclose()
-        finally:
-            await anyio.to_thread.run_sync(thread.close)  # idempotent; covers a failed ring
+            stack.push_async_callback(ring.aclose)
+            # The thread finishes its queued copies before the ring's memory goes.
+            stack.push_async_callback(anyio.to_thread.run_sync, thread.close)
+            await self._run_with(thread, ring, task_status)
 
     async def _run_with(
         self, thread: DeviceThread, ring: PinnedRing, task_status: TaskStatus[None]
@@ -180,10 +185,7 @@ class Worker:
             stack.push_async_callback(_close, self._producer.stop)
             self._publisher = Publisher(self._producer, s)
             self._audit = await stack.enter_async_context(open_audit(s, self._publisher))
-            self._consumer = make_consumer(s, listener=Rebalance(self._commits))
-            self._commits.consumer = self._consumer
-            await self._consumer.start()
-            stack.push_async_callback(_close, self._consumer.stop)  # leaves the group
+            stack.push_async_callback(self._member.aclose)  # leaves the group, promptly
             stage = DeviceStage(thread, s)
             hook = load_hook(s.hook) if s.hook else None
             if hook is not None:
@@ -193,15 +195,15 @@ class Worker:
             stack.push_async_callback(decoders.aclose)
             self._ctx = Context(s, source, sink, ring, stage, decoders, hook)
             stack.enter_context(watching(self, ring, thread))  # for /metrics
+            if s.health_port:
+                self.health_port = await stack.enter_async_context(
+                    serving(self.health, s.health_host, s.health_port)
+                )
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
                 services.start_soon(self._commits.loop)
                 services.start_soon(self._audit.run)  # digests; the spool's forwarder
                 services.start_soon(probe, self.health, self._check_broker, self._check_s3)
-                if s.health_port:
-                    self.health_port = await services.start(
-                        serve, self.health, s.health_host, s.health_port
-                    )
                 log.info("worker started", backend=stage.backend, worker=s.worker_id)
                 task_status.started()
                 with self._work_scope:
@@ -389,10 +391,7 @@ class Worker:
 
 
 async def _close(aclose: Callable[[], Awaitable[None]]) -> None:
-    """Close a client even when the worker is being cancelled, within a bound.
-
-    Without the shield a cancelled worker would leave its consumer's heartbeat
-    running: a zombie member that stalls the group's next rebalance.
-    """
+    """Close a client even when the worker is being cancelled, within a bound (as the
+    consumer's ``GroupMember.aclose`` does: see there why)."""
     with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
         await aclose()

@@ -6,7 +6,7 @@ import anyio
 import pytest
 from aiohttp import ClientSession
 
-from ingest.ops.health import STALE_AFTER_S, Health, serve
+from ingest.ops.health import STALE_AFTER_S, Health, serving
 
 
 def test_ready_only_when_polling_and_both_servers_answered() -> None:
@@ -29,16 +29,15 @@ def test_ready_only_when_polling_and_both_servers_answered() -> None:
 @pytest.mark.anyio
 async def test_endpoints_answer_200_and_503() -> None:
     h = Health()
-    async with anyio.create_task_group() as group:
-        port = await group.start(serve, h, "127.0.0.1", 0)
-        async with ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
-                assert resp.status == 200
-            async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                assert resp.status == 503
-                assert (await resp.json())["ready"] is False
-            h.polled(assigned=1)
-            h.broker_ok = h.s3_ok = h.last_poll
-            async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                assert resp.status == 200
-        group.cancel_scope.cancel()
+    async with serving(h, "127.0.0.1", 0) as port, ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+            assert resp.status == 200
+        async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
+            assert resp.status == 503
+            assert (await resp.json())["ready"] is False
+        h.polled(assigned=1)
+        h.broker_ok = h.s3_ok = h.last_poll
+        async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
+            assert resp.status == 200
+    with pytest.raises(OSError, match="connection attempts failed"):  # the port is closed
+        await anyio.connect_tcp("127.0.0.1", port)

@@ -219,9 +219,13 @@ def test_labels_are_bounded() -> None:
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(cuda_unavailable_reason() is not None, reason="no CUDA")
-async def test_a_cuda_worker_reports_its_gpu_from_nvml(stack: Stack) -> None:
+async def test_a_cuda_worker_reports_its_gpu_from_nvml(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """NVML's gauges for the worker's GPU appear once it has run on the device."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py (the cuda extra) is not installed")
+    for name, env_value in stack.endpoints.environment().items():
+        monkeypatch.setenv(name, env_value)
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     objects = dict(synthetic_ct_series(2, 64, 64))

@@ -64,6 +64,11 @@ class SourceDigest:
         """Whether ``update`` takes ranges in any order, from any thread (tree hash, CRC)."""
         return self._tree is not None or self._crc is not None
 
+    @property
+    def on_get_thread(self) -> bool:
+        """Whether ``update`` is cheap enough to run on a GET's thread (the CRC, ~30 GB/s)."""
+        return self._crc is not None
+
     def update(self, start: int, data: memoryview) -> None:
         """Take bytes ``[start, start + len(data))`` of the object (each byte once).
 

@@ -58,15 +58,9 @@ from ingest.settings import Settings
 T = TypeVar("T")
 PRESIGN_EXPIRES_S = 12 * 3600  # a presigned URL outlives the slowest object read with it
 _TRANSIENT_CODES = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "RequestTimeout",
-    "RequestTimeTooSkewed",
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestLimitExceeded",
-}
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+    "InternalError", "ServiceUnavailable", "RequestLimitExceeded",
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,22 +136,18 @@ def _from_status(status: int, code: str, what: str) -> IngestError:
 
 
 class S3Source:
-    """Presigned ranged GETs in threads, plus HEAD and presigning on one aiobotocore client.
-
-    An async context manager; ``aclose`` closes the client and the connections.
-    """
+    """Presigned ranged GETs in threads, HEAD and presigning on one aiobotocore client; an
+    async context manager (``aclose`` closes the client and the connections)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._stack = AsyncExitStack()
         self._client: Any = None
         self._signer: UrlSigner | None = None
-        # GETs have ``fetch_concurrency`` threads, all objects together: the bound on
-        # GETs in flight. A thread that finishes a range takes the next queued one itself,
-        # as KvikIO's pool does, rather than a limiter on the event loop handing a permit
-        # on through the loop: as fast, with one hop and one lock fewer. The sink's PUTs
-        # have threads of their own, twice as many, so they never wait for a GET's thread.
-        # Plain executors: anyio's to_thread costs a CT slice ~60 us more on the loop.
+        # ``fetch_concurrency`` GET threads for all objects bound the GETs in flight; a thread
+        # that finishes a range takes the next queued one, as KvikIO's pool does (no permit
+        # handed on through the loop). PUTs have twice as many threads of their own. Plain
+        # executors: anyio's to_thread costs a CT slice ~60 us more on the loop.
         self._gets = ThreadPoolExecutor(settings.fetch_concurrency, "s3-get")
         self._puts = ThreadPoolExecutor(2 * settings.fetch_concurrency, "s3-put")
         self._pool = ConnectionPool(
@@ -314,9 +304,15 @@ class S3Source:
         return head
 
     async def read_into(
-        self, where: Presigned, head: ObjectHead, byte_range: ByteRange, into: memoryview
+        self,
+        where: Presigned,
+        head: ObjectHead,
+        byte_range: ByteRange,
+        into: memoryview,
+        then: Callable[[memoryview], None] | None = None,
     ) -> None:
-        """GET ``byte_range`` with ``If-Match`` and write it into ``into[:length]``, retried.
+        """GET ``byte_range`` with ``If-Match`` and write it into ``into[:length]``, retried;
+        ``then(the bytes)`` right after, on the GET's thread while they are still in cache.
 
         Raises:
             ObjectChanged: the ETag no longer matches (never retried here).
@@ -325,7 +321,9 @@ class S3Source:
         """
         headers = {"Range": byte_range.http_range, "If-Match": f'"{head.etag}"'}
         target = into[: byte_range.length]
-        answer, _ = await self._get(where.url, headers, target, byte_range.http_range, None)
+        answer, after = await self._get(where.url, headers, target, headers["Range"], then, False)
+        if after is not None:
+            after.value()  # what ``then`` raised
         if answer.start != byte_range.start or answer.filled != byte_range.length:
             raise SourceError(
                 f"GET {byte_range.http_range}: answered {answer.filled} bytes from {answer.start}"
@@ -338,10 +336,11 @@ class S3Source:
         target: memoryview,
         what: str,
         then: Callable[[memoryview], T] | None,
+        whole_only: bool = True,  # ``then`` only when the answer is the whole object
     ) -> tuple[Answer, _After[T] | None]:
         async def call() -> tuple[Answer, _After[T] | None]:
             try:
-                return await self._get_once(url, headers, target, then)
+                return await self._get_once(url, headers, target, then, whole_only)
             except Exception as exc:
                 raise translate_s3_error(exc, f"GET {what}") from exc
 
@@ -353,11 +352,12 @@ class S3Source:
         headers: dict[str, str],
         target: memoryview,
         then: Callable[[memoryview], T] | None,
+        whole_only: bool,
     ) -> tuple[Answer, _After[T] | None]:
         def work(transfer: Transfer) -> tuple[Answer, _After[T] | None]:
             answer = get_into(self._pool, url, headers, target, transfer)
             whole = answer.start == 0 and answer.total == answer.filled
-            if then is None or not whole:
+            if then is None or (whole_only and not whole):
                 return answer, None
             return answer, _After.of(then, target[: answer.filled])
 

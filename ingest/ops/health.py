@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import structlog
 from aiohttp import web
-from anyio.abc import TaskStatus
 
 from ingest.ops.metrics import metrics_endpoint
 
@@ -108,15 +108,14 @@ async def probe(
         await anyio.sleep(PROBE_INTERVAL_S)
 
 
-async def serve(
-    health: Health,
-    host: str,
-    port: int,
-    *,
-    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` until cancelled; reports the bound
-    port when started."""
+@asynccontextmanager
+async def serving(health: Health, host: str, port: int) -> AsyncIterator[int]:
+    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` inside the block; yields the bound port.
+
+    The server lives on the event loop, not in a task of its own, so nothing
+    but leaving the block stops it: a probe must see a worker in trouble, not
+    a closed port.
+    """
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"alive": True})
@@ -140,8 +139,7 @@ async def serve(
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
         log.info("health endpoints up", host=host, port=bound)
-        task_status.started(bound)
-        await anyio.sleep_forever()
+        yield bound
     finally:
         with anyio.CancelScope(shield=True):
             await runner.cleanup()
