@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -22,6 +22,9 @@ import structlog
 from ingest.errors import ConfigError, IngestError
 from ingest.logs import configure_logging
 from ingest.settings import Settings, load_settings, setting_names
+
+if TYPE_CHECKING:
+    from ingest.worker import Worker
 
 log = structlog.get_logger("dicom_ingest.cli")
 
@@ -120,11 +123,12 @@ def _bench_parser(commands: Any) -> None:
             "cpu-pool",
             "nvimgcodec",
             "nvimgcodec-plugin",
+            "put-raw",
             "ours",
             "ours-hook",
         ),
-        help="curl,threads,kvikio-raw,naive,kvikio (ct, large, mix), pydicom-loop,cpu-pool,"
-        "nvimgcodec,nvimgcodec-plugin (decode workloads), ours,ours-hook (all)",
+        help="curl,threads,kvikio-raw,naive,kvikio,put-raw (ct, large, mix), pydicom-loop,"
+        "cpu-pool,nvimgcodec,nvimgcodec-plugin (decode workloads), ours,ours-hook (all)",
     )
     add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each), also "
         "of the ct-j2k, ct-htj2k and ct-rle series")  # fmt: skip
@@ -328,20 +332,34 @@ def device_environment(gpus: Sequence[str], environ: MutableMapping[str, str]) -
 async def _worker(settings: Settings) -> int:
     # The receiver goes in before the heavy imports, so an early SIGTERM also drains cleanly.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        from ingest.worker import Worker
+        from ingest.source.group import GroupMember
 
-        worker = Worker(settings)
-        async with anyio.create_task_group() as group:
+        # The group join first: the broker holds it (a second on the embedded stack) while
+        # the worker's modules import, in a thread so the join's round trips go on.
+        member = GroupMember(settings)
+        try:
+            await member.start()
+            worker = (await anyio.to_thread.run_sync(_import_worker))(settings, member=member)
+            async with anyio.create_task_group() as group:
 
-            async def on_signals() -> None:
-                async for signum in signals:
-                    log.info("signal received; draining", signal=signal.Signals(signum).name)
-                    worker.stop()
+                async def on_signals() -> None:
+                    async for signum in signals:
+                        log.info("signal received; draining", signal=signal.Signals(signum).name)
+                        worker.stop()
 
-            group.start_soon(on_signals)
-            await worker.run()
-            group.cancel_scope.cancel()
+                group.start_soon(on_signals)
+                await worker.run()
+                group.cancel_scope.cancel()
+        finally:
+            await member.aclose()  # idempotent: the worker leaves the group itself
     return 0
+
+
+def _import_worker() -> type[Worker]:
+    """The worker's modules (pydicom, botocore, the stages): ~0.5 s of imports."""
+    from ingest.worker import Worker
+
+    return Worker
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from ingest.cli import _bench_config, _parser, main
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 
-CPU_READERS = ("curl", "threads", "naive", "ours", "ours-hook")
+CPU_READERS = ("curl", "threads", "naive", "put-raw", "ours", "ours-hook")
 GPU_READERS = ("kvikio-raw", "kvikio")
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 # the worker's own ring, not the tests' (harness.py shrinks it)
@@ -105,6 +105,8 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
         assert readers["ours"]["hook_chunks"] == 0
         assert readers["ours-hook"]["hook_chunks"] >= len(readers["ours-hook"]["runs"])
     assert on_disk["results"]["ct"]["ours"]["latency_paced"]["count"] == 3
+    put_raw = on_disk["results"]["large"]["put-raw"]["runs"][0]  # the output's multipart PUT
+    assert (put_raw["multipart_objects"], put_raw["single_puts"]) == (1, 1)
     assert {(r["workload"], r["mode"]) for r in on_disk["ratios"]} == {
         (w, m) for w in ("ct", "large", "mix") for m in ("ours", "ours-hook")
     }
@@ -180,7 +182,7 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
 
 def test_readers_fit_their_workloads() -> None:
     assert readers_for("ct", READERS) == (
-        "curl", "threads", "kvikio-raw", "naive", "kvikio", "ours", "ours-hook",
+        "curl", "threads", "kvikio-raw", "naive", "kvikio", "put-raw", "ours", "ours-hook",
     )  # fmt: skip
     assert readers_for("slide", READERS) == DECODE_RUN
     assert readers_for("ct-rle", ("threads", "ours-hook", "cpu-pool")) == ("ours-hook", "cpu-pool")

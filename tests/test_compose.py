@@ -119,6 +119,20 @@ def test_worker_environment_is_valid_and_agrees_with_kafka_and_minio(
     assert settings.audit_key == base64.b64decode(KEY)
 
 
+def test_a_new_group_joins_at_once_with_production_group_timing(config: dict[str, Any]) -> None:
+    """The dev Kafka has no initial rebalance delay; the worker keeps its production timing.
+
+    Kafka refuses sessions under ``group.min.session.timeout.ms`` (6 s by default):
+    the embedded stack's short session (for Tansu) must not leak in here.
+    """
+    services = config["services"]
+    assert str(services["kafka"]["environment"]["KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"]) == "0"
+    for name in ("worker", "worker-gpu"):
+        settings = worker_settings(services[name])
+        assert settings.session_timeout_ms >= 6000
+        assert settings.heartbeat_interval_ms * 3 <= settings.session_timeout_ms
+
+
 def test_health_port_is_probed_and_scraped(config: dict[str, Any]) -> None:
     services = config["services"]
     prometheus = yaml.safe_load((COMPOSE / "prometheus" / "prometheus.yml").read_text())

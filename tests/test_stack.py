@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from ingest.embedded import server_process
 from ingest.embedded import stack as stack_module
 from ingest.embedded.stack import (
+    GROUP_TIMING,
     S3Credentials,
     SeaweedFS,
     Stack,
@@ -29,12 +30,13 @@ from ingest.embedded.stack import (
     start_tansu,
 )
 from ingest.errors import ConfigError
+from ingest.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from tests.conftest import FreshNames
 
 # Tansu holds JoinGroup for about half the session timeout: keep it short in tests.
-GROUP_TIMING = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 200}
+CONSUMER_TIMING = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 200}
 
 
 def _gone(pid: int) -> bool:
@@ -64,6 +66,17 @@ def test_environment_points_at_the_stack() -> None:
     assert env["DICOM_INGEST_S3_ENDPOINT_URL"] == "http://127.0.0.1:2"
     assert env["AWS_REGION"] == env["AWS_DEFAULT_REGION"] == "us-east-1"
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= env.keys()
+
+
+def test_environment_gives_a_short_session_for_tansu_not_the_default() -> None:
+    """Tansu holds a join for half the session timeout: the stack's workers get 2 s
+    (a 1 s hold); the worker's own default stays one that real Kafka accepts (>= 6 s)."""
+    env = StackEndpoints("127.0.0.1:1", "http://127.0.0.1:2", S3Credentials()).environment()
+    assert GROUP_TIMING.items() <= env.items()
+    env |= {"DICOM_INGEST_OUTPUT_URL": "s3://out/", "DICOM_INGEST_AUDIT_KEY": "A" * 43 + "="}
+    settings = load_settings(env)
+    assert (settings.session_timeout_ms, settings.heartbeat_interval_ms) == (2000, 200)
+    assert Settings().session_timeout_ms >= 6000
 
 
 def test_missing_binary_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +133,7 @@ async def test_kafka_two_partitions_round_trip(stack: Stack, fresh_names: FreshN
         bootstrap_servers=bootstrap,
         group_id=fresh_names.group(),
         auto_offset_reset="earliest",
-        **GROUP_TIMING,
+        **CONSUMER_TIMING,
     )
     await consumer.start()
     try:

@@ -17,7 +17,7 @@ WORKLOADS = FETCH_WORKLOADS  # the default; the decode workloads run when named
 ALL_WORKLOADS = (*FETCH_WORKLOADS, *DECODE_WORKLOADS)
 READERS = (
     "curl", "threads", "kvikio-raw", "naive", "kvikio", "pydicom-loop", "cpu-pool", "nvimgcodec",
-    "nvimgcodec-plugin", "ours", "ours-hook",
+    "nvimgcodec-plugin", "put-raw", "ours", "ours-hook",
 )  # fmt: skip
 OURS_MODES = {"ours": {"SINK": "s3"}, "ours-hook": {"SINK": "none", "HOOK": HOOK_SPEC}}
 SCALED_MODES = ("ours-hook", "ours")

@@ -1,29 +1,30 @@
 """``dicom-ingest bench``: every reader on the same objects, side by side, in one run.
 
-Against the embedded stack (SeaweedFS + Tansu started here) or an S3 endpoint
-and broker given on the command line (credentials from the standard AWS
-variables). For each workload (``ct``, ``large``, ``mix``) it runs, in order:
-the ceilings (``curl``, ``threads``, ``kvikio-raw``), the ``naive`` path,
-``kvikio`` (GPU only), ``ours`` (the real worker through the broker, S3 sink
-on) and ``ours-hook`` (sink off, arrays handed to a no-op user hook on the
-device), each with one warm-up pass that is discarded and ``repeats`` measured
-passes; for each decode workload (``slide``, ``ct-j2k``, ``ct-htj2k``,
-``ct-rle``: compressed frames; ``--decode-corpus DIR``: written beforehand)
-``pydicom-loop``, ``cpu-pool``, ``nvimgcodec``, ``nvimgcodec-plugin`` (GPU only),
-``ours`` and ``ours-hook`` the same way, with frames/s (``decode``); with
-``--processes LIST``, for each N, ``ours-hook-pN`` and ``ours-pN``: N real worker processes
-in one consumer group (``scaled``); then, with ``--sweep``, ours on the large
-object across part sizes and fetch concurrencies.
-It writes a JSON file with every figure, prints the tables of ratios and
-targets, and draws PNG plots when matplotlib is installed.
+Against the embedded stack (SeaweedFS + Tansu started here) or an S3 endpoint and
+broker given on the command line (credentials from the standard AWS variables). For
+each workload (``ct``, ``large``, ``mix``) it runs, in order: the ceilings
+(``curl``, ``threads``, ``kvikio-raw``), the ``naive`` path, ``kvikio`` (GPU only),
+``put-raw`` (the outputs' ceiling: what ours' sink writes, PUT raw), ``ours`` (the
+real worker through the broker, S3 sink on) and ``ours-hook`` (sink off, arrays
+handed to a no-op user hook on the device), each with one warm-up pass that is
+discarded and ``repeats`` measured passes; for each decode workload (``slide``,
+``ct-j2k``, ``ct-htj2k``, ``ct-rle``: compressed frames; ``--decode-corpus DIR``:
+written beforehand) ``pydicom-loop``, ``cpu-pool``, ``nvimgcodec``,
+``nvimgcodec-plugin`` (GPU only), ``ours`` and ``ours-hook`` the same way, with
+frames/s (``decode``); with ``--processes LIST``, for each N, ``ours-hook-pN`` and
+``ours-pN``: N real worker processes in one consumer group (``scaled``); then, with
+``--sweep``, ours on the large object across part sizes and fetch concurrencies. It
+writes a JSON file with every figure, prints the tables of ratios and targets, and
+draws PNG plots when matplotlib is installed.
 
 Modules: ``config`` (the flags, a worker's environment), ``workloads`` and
 ``workloads_compressed`` (objects), ``reader_runs`` (which reader runs where,
-measured how), ``readers`` (CPU references), ``decode`` (decode references,
-frames/s, their ratios), ``decode_gpu`` (nvImageCodec and its pydicom plugin),
-``gpu`` (KvikIO, pinned-copy reference), ``ours`` (the worker), ``scaled`` and
-``scaled_pass`` (N worker processes, measured from outside), ``measure`` (time,
-CPU, RSS), ``report`` (ratios, targets, table, JSON), ``plots`` (PNGs).
+measured how), ``readers`` (CPU references), ``put_raw`` (the outputs' ceiling),
+``decode`` (decode references, frames/s, their ratios), ``decode_gpu`` (nvImageCodec
+and its pydicom plugin), ``gpu`` (KvikIO, pinned-copy reference), ``ours`` (the
+worker), ``scaled`` and ``scaled_pass`` (N worker processes, measured from outside),
+``measure`` (time, CPU, RSS), ``report`` (ratios, targets, table, JSON), ``plots``
+(PNGs).
 """
 
 from __future__ import annotations

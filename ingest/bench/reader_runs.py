@@ -1,8 +1,9 @@
 """Which readers run on which workload, how each is made, and how one is measured.
 
-The fetch workloads (``ct``, ``large``, ``mix``) get the raw ceilings, the
-naive path and KvikIO; the decode workloads (``DECODE_WORKLOADS``) get the
-decode references (``decode``, ``decode_gpu``); both get ours. A reader asked for
+The fetch workloads (``ct``, ``large``, ``mix``) get the raw ceilings (reads, and
+``put-raw`` for the outputs), the naive path and KvikIO; the decode workloads
+(``DECODE_WORKLOADS``) get the decode references (``decode``, ``decode_gpu``); both
+get ours. A reader asked for
 that does not fit a workload is left out of that workload's results; one that
 cannot run here (no curl, no CUDA, no decoder for a workload's syntax) is
 reported as skipped, with the reason.
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.bench import gpu as bench_gpu
-from ingest.bench.config import OURS_MODES, BenchConfig
+from ingest.bench.config import OURS_MODES, BenchConfig, worker_settings
 from ingest.bench.decode import DECODE_READERS, CpuPoolReader, PydicomLoopReader
 from ingest.bench.decode_gpu import (
     NvImageCodecReader,
@@ -24,6 +25,7 @@ from ingest.bench.decode_gpu import (
     plugin_missing,
 )
 from ingest.bench.measure import Meter, MiB, summarize
+from ingest.bench.put_raw import PutRawReader
 from ingest.bench.readers import (
     CurlReader,
     NaiveReader,
@@ -99,6 +101,9 @@ def make_reader(name: str, config: BenchConfig, target: S3Target) -> Reader | di
         return skipped("skipped", why, "no curl") if why else CurlReader(target, part, conc)
     if name == "threads":
         return ThreadsReader(target, part, conc)
+    if name == "put-raw":  # at the settings ours runs with (``--set``); no broker needed
+        settings = worker_settings(config, target, "127.0.0.1:9092", "put-raw", name, "ours")
+        return PutRawReader(target, settings)
     if name == "naive":
         on_gpu = cuda is None and config.device != "cpu"
         return NaiveReader(target, conc, bench_gpu.to_device if on_gpu else None)

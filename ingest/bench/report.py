@@ -69,9 +69,26 @@ def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
                     "ours_over_kvikio": _ratio(
                         ours, median_of(report, workload, "kvikio", "gb_per_s")
                     ),
+                    **_output_ratios(report, workload, mode, ours),
                 }
             )
     return rows
+
+
+def _output_ratios(
+    report: dict[str, Any], workload: str, mode: str, ours: float
+) -> dict[str, float | None]:
+    """The sink's: ours (sink on) over ``put-raw``, the raw PUT of the same outputs (both
+    in source bytes/s), and ours' objects/s over ours-hook's (the sink on over off)."""
+    if mode != "ours":
+        return {"ours_over_put_raw": None, "sink_on_over_off": None}
+    return {
+        "ours_over_put_raw": _ratio(ours, median_of(report, workload, "put-raw", "gb_per_s")),
+        "sink_on_over_off": _ratio(
+            median_of(report, workload, "ours", "objects_per_s"),
+            median_of(report, workload, "ours-hook", "objects_per_s"),
+        ),
+    }
 
 
 def scaling(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,8 +135,8 @@ def _target(
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 4, for each mode of ours, and the decode goals of ours-hook
-    (``decode.DECODE_GOALS``), with met / missed / n/a here."""
+    """Each target of issue 4, for each mode of ours, issue 22's two for the sink, and the
+    decode goals of ours-hook (``decode.DECODE_GOALS``), with met / missed / n/a here."""
     here = "gpu" if report["machine"].get("gpu") else "cpu"
     out: list[dict[str, Any]] = []
 
@@ -137,6 +154,12 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"large: {mode} / KvikIO raw read", "gpu", v, ">= 1.0", v is not None and v >= 1, "x")
         v = large.get("ours_over_naive")
         add(f"large: {mode} / naive", "gpu", v, ">= 15", v is not None and v >= 15, "x")
+        if mode == "ours":  # outputs (issue 22): the sink against the raw PUT, and sink off
+            v = large.get("ours_over_put_raw")
+            add("large: ours / put-raw", "gpu", v, ">= 0.9", v is not None and v >= 0.9, "x")
+            v = by.get("ct", {}).get("sink_on_over_off")
+            add("CT: ours / ours-hook objects/s", "gpu", v, ">= 0.8", v is not None and v >= 0.8,
+                "x")  # fmt: skip
         v = large.get("ours_over_ceiling")
         add(f"large: {mode} / fastest raw reader", "cpu", v, ">= 0.8", v is not None and v >= 0.8,
             "x")  # fmt: skip
@@ -258,13 +281,14 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
     print_decode_tables(console, report)
     ratio = Table(title="ours / reference (GB/s, medians)")
     for column in ("workload", "mode", "GB/s", "fastest ceiling", "/ ceiling", "/ naive",
-                   "/ kvikio-raw", "/ kvikio"):  # fmt: skip
+                   "/ kvikio-raw", "/ kvikio", "/ put-raw", "sink on/off"):  # fmt: skip
         ratio.add_column(column, justify="left" if column in ("workload", "mode") else "right")
     for r in report["ratios"]:
         ratio.add_row(
             r["workload"], r["mode"], _fmt(r["ours_gb_per_s"], 3), _fmt(r["fastest_ceiling"]),
             _fmt(r["ours_over_ceiling"]), _fmt(r["ours_over_naive"]),
             _fmt(r["ours_over_kvikio_raw"]), _fmt(r["ours_over_kvikio"]),
+            _fmt(r.get("ours_over_put_raw")), _fmt(r.get("sink_on_over_off")),
         )  # fmt: skip
     if report["ratios"]:
         console.print(ratio)
@@ -317,6 +341,11 @@ def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str,
         "our children's and the servers'; other_cpu_share = that / (seconds x cores)",
         "ceiling": f"{concurrency} parallel {part_mb} MiB ranges (KvikIO: {part_mb} MiB tasks); "
         "ours reads at its own part_size setting (in settings.part_size)",
+        "put_raw": "the outputs' ceiling: the .npy and sidecar bytes ours writes for each "
+        "object, PUT by plain threads through the sink's transport (threaded_http.put_from, "
+        "presigned): multipart at the sink's part size and sink_parts_in_flight where the "
+        "sink uses parts, else one PUT, on 2 x fetch_concurrency threads; its GB/s is of "
+        "source bytes, as ours'",
         "scaled": "ours-hook-pN / ours-pN: `dicom-ingest worker --processes N` (the supervisor "
         "and N child workers in one group) on a fresh topic of 4 x N partitions, notifications "
         "round robin; latency = arrival of the result record at the bench's consumer "

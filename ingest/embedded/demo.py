@@ -149,8 +149,6 @@ async def run_demo(device: str, multiframe_mb: int, series: int) -> int:
                 "DICOM_INGEST_OUTPUT_URL": f"s3://{OUTPUT}/processed/",
                 "DICOM_INGEST_AUDIT_KEY": base64.b64encode(key).decode(),
                 "DICOM_INGEST_DEVICE": device,
-                "DICOM_INGEST_SESSION_TIMEOUT_MS": "2000",
-                "DICOM_INGEST_HEARTBEAT_INTERVAL_MS": "200",
                 "DICOM_INGEST_WORKER_ID": "demo-worker",
             }
         )

@@ -34,8 +34,10 @@ from typing import Any, TypeVar
 
 from ingest.embedded.server_process import ServerProcess, StackError, free_ports
 from ingest.errors import ConfigError
+from ingest.settings import PREFIX
 
 __all__ = [  # StackError is raised here too, and imported from here by callers
+    "GROUP_TIMING",
     "S3Credentials",
     "SeaweedFS",
     "Stack",
@@ -337,6 +339,14 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1) ->
         raise StackError(f"create_topics on {bootstrap}: Kafka error codes {failed}")
 
 
+GROUP_TIMING = {PREFIX + "SESSION_TIMEOUT_MS": "2000", PREFIX + "HEARTBEAT_INTERVAL_MS": "200"}
+"""A worker's group timing on this stack (docs/operations.md, "Start-up"). Tansu answers a
+JoinGroup only once half the session timeout has passed, so the worker's default (30 s) holds
+each join 15 s here; 2 s holds it 1 s. Kafka refuses sessions under 6 s
+(``group.min.session.timeout.ms``), so this is the stack's timing, not the worker's default.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class StackEndpoints:
     """Where a worker finds the stack."""
@@ -346,11 +356,11 @@ class StackEndpoints:
     credentials: S3Credentials
 
     def environment(self) -> dict[str, str]:
-        """The variables that point ``dicom-ingest`` (and any AWS SDK) at this stack."""
+        """The variables that point ``dicom-ingest`` (and any AWS SDK) here; ``GROUP_TIMING``."""
         c = self.credentials
         return {
             "DICOM_INGEST_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
-            "DICOM_INGEST_S3_ENDPOINT_URL": self.s3_endpoint_url,
+            "DICOM_INGEST_S3_ENDPOINT_URL": self.s3_endpoint_url, **GROUP_TIMING,
             "AWS_ACCESS_KEY_ID": c.access_key, "AWS_SECRET_ACCESS_KEY": c.secret_key,
             "AWS_REGION": c.region, "AWS_DEFAULT_REGION": c.region,
         }  # fmt: skip

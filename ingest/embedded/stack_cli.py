@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 
-from ingest.embedded.stack import create_topics, embedded_stack
+from ingest.embedded.stack import Stack, create_topics, embedded_stack
 
 SOURCE_BUCKET = "dicom-source"
 OUTPUT_BUCKET = "dicom-output"
@@ -22,6 +22,21 @@ TOPICS = (
     "dicom-ingest.dlq",
     "dicom-ingest.audit",
 )
+
+
+def prepare_stack(stack: Stack) -> dict[str, str]:
+    """Create the usual buckets and topics; the environment ``stack`` prints for a worker.
+
+    Raises:
+        StackError: a bucket or a topic could not be created.
+    """
+    stack.s3.create_bucket(SOURCE_BUCKET)
+    stack.s3.create_bucket(OUTPUT_BUCKET)
+    create_topics(stack.kafka.bootstrap, TOPICS, partitions=4)
+    env = stack.endpoints.environment()
+    env["DICOM_INGEST_OUTPUT_URL"] = f"s3://{OUTPUT_BUCKET}/processed/"
+    env["DICOM_INGEST_AUDIT_KEY"] = base64.b64encode(os.urandom(32)).decode()
+    return env
 
 
 def run_stack(*, durable: bool) -> int:
@@ -35,12 +50,7 @@ def run_stack(*, durable: bool) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     with embedded_stack(durable_broker=durable) as stack:
-        stack.s3.create_bucket(SOURCE_BUCKET)
-        stack.s3.create_bucket(OUTPUT_BUCKET)
-        create_topics(stack.kafka.bootstrap, TOPICS, partitions=4)
-        env = stack.endpoints.environment()
-        env["DICOM_INGEST_OUTPUT_URL"] = f"s3://{OUTPUT_BUCKET}/processed/"
-        env["DICOM_INGEST_AUDIT_KEY"] = base64.b64encode(os.urandom(32)).decode()
+        env = prepare_stack(stack)
         print("# Embedded stack is up. Point a worker at it with:")
         for name, value in env.items():
             print(f"export {name}={value}")

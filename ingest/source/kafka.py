@@ -6,13 +6,17 @@ because an offset may be committed only once what its record caused is
 durable. A broker outage is waited out (retried until shutdown) rather than
 turned into lost work; only a broker's definite refusal ends a send.
 Auto-commit is off: ``worker.py`` commits through ``OffsetTracker``.
+A client that fails to start is stopped again and its failure translated too
+(``start_client``): a refused SASL login ends the worker with a ``BrokerError``
+that names the mechanism and the user, never the password.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -29,9 +33,10 @@ from ingest.source.offsets import Partition
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
-def make_consumer(settings: Settings, listener: Any = None) -> AIOKafkaConsumer:
-    """A consumer-group member of ``group_id`` on the source topic, auto-commit off."""
-    consumer = AIOKafkaConsumer(
+def make_consumer(settings: Settings) -> AIOKafkaConsumer:
+    """A member-to-be of ``group_id``, auto-commit off; ``group.GroupMember`` subscribes it."""
+    return _Consumer(
+        settings,
         bootstrap_servers=settings.kafka_bootstrap,
         group_id=settings.group_id,
         client_id=f"dicom-ingest-{settings.worker_id}",
@@ -45,12 +50,11 @@ def make_consumer(settings: Settings, listener: Any = None) -> AIOKafkaConsumer:
         fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
         **client_security(settings),
     )
-    consumer.subscribe([settings.source_topic], listener=listener)
-    return consumer
 
 
 def make_producer(settings: Settings) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
+    return _Producer(
+        settings,
         bootstrap_servers=settings.kafka_bootstrap,
         client_id=f"dicom-ingest-{settings.worker_id}",
         acks="all",
@@ -85,6 +89,79 @@ def client_security(settings: Settings) -> dict[str, Any]:
             "sasl_plain_password": s.kafka_sasl_password,
         }
     return args
+
+
+class _Consumer(AIOKafkaConsumer):  # type: ignore[misc]  # aiokafka has no types
+    """An ``AIOKafkaConsumer`` whose ``start`` fails as ``start_client`` says."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._ingest_settings = settings
+
+    async def start(self) -> None:
+        await start_client(super().start, self.stop, self._ingest_settings, "consumer")
+
+
+class _Producer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka has no types
+    """An ``AIOKafkaProducer`` whose ``start`` fails as ``start_client`` says."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._ingest_settings = settings
+
+    async def start(self) -> None:
+        await start_client(super().start, self.stop, self._ingest_settings, "producer")
+
+
+_SCRAM_SERVER_ERROR = re.compile(r"e=[\w-]{1,64}")
+
+
+async def start_client(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    settings: Settings,
+    what: str,
+) -> None:
+    """Start an aiokafka client; if that fails, stop it again and raise a ``BrokerError``.
+
+    aiokafka 0.14 hides a refused login in two ways: its bootstrap logs each
+    broker's answer (``SaslAuthenticationFailed``, a closed connection) and
+    raises only "Unable to bootstrap"; its SCRAM client reads an RFC 5802
+    server error (``e=unknown-user``, ``e=invalid-proof``) as a final message
+    without ``v`` and raises ``KeyError`` (a wrong server signature or nonce:
+    ``ValueError``). The messages here name the protocol, mechanism and user,
+    and the server's ``e=`` word when there is one; never the password.
+
+    Raises:
+        BrokerRejected: a SASL (SCRAM) exchange failed; retrying cannot help.
+        BrokerError: no broker answered or let us in (retriable as aiokafka says).
+    """
+    s = settings
+    sasl = s.kafka_security_protocol.startswith("SASL")
+    try:
+        await start()
+    except Exception as exc:
+        await stop()
+        login = f" ({s.kafka_security_protocol}"
+        login += f" {s.kafka_sasl_mechanism} as {s.kafka_sasl_username!r})" if sasl else ")"
+        if isinstance(exc, KafkaError):
+            raise translate_kafka_error(exc, f"{what} start{login}") from exc
+        if sasl and isinstance(exc, KeyError | ValueError):
+            said = _scram_server_error(exc) or f"{type(exc).__name__} in the SASL exchange"
+            raise BrokerRejected(f"{what} start{login}: login refused: {said}") from exc
+        raise
+
+
+def _scram_server_error(exc: BaseException) -> str | None:
+    """The ``e=...`` word a broker ended a SCRAM exchange with, read from aiokafka's frame."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "process_server_final_message":
+            said = tb.tb_frame.f_locals.get("server_final")
+            if isinstance(said, str) and _SCRAM_SERVER_ERROR.fullmatch(said):
+                return said
+        tb = tb.tb_next
+    return None
 
 
 def translate_kafka_error(exc: KafkaError, what: str) -> BrokerError:
