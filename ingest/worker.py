@@ -4,15 +4,14 @@
 
     services task group
     ├── DeviceStage.run           batches chunks onto the device thread
-    ├── commit loop               commits the finished front of each partition
+    ├── commit loop, audit digests, health probe (ops/services.py: keep_running)
     └── work scope (cancelled at the drain deadline)
         └── objects task group
             ├── intake (cancelled by stop())   poll -> parse -> dedupe -> spawn
             └── one task per object            process -> outputs -> result -> audit
 
-Backpressure: intake takes a permit of ``max_objects_in_flight`` before it
-spawns an object task, the ring bounds the bytes in flight, and the device
-stage's stream bounds the chunks waiting for the device.
+Backpressure: ``max_objects_in_flight`` object tasks at most, the ring bounds
+the bytes in flight, the device stage's stream the chunks waiting for it.
 
 Order of durability per object: ``.npy`` and sidecar written, result (or
 dead-letter) record acknowledged, audit record acknowledged; only then is the
@@ -26,6 +25,7 @@ commit runs shielded; the consumer leaves the group; clients close.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -49,6 +49,7 @@ from ingest.hooks import enable_device_arrays, load_hook
 from ingest.logs import bind_object, key_digest
 from ingest.ops.health import Health, probe, serving
 from ingest.ops.metrics import finished, stopped_summary, watching
+from ingest.ops.services import keep_running, stray_or_raise
 from ingest.pipeline.jobs import Context
 from ingest.pipeline.process import process_object
 from ingest.settings import Settings
@@ -148,15 +149,13 @@ class Worker:
         A broker outage is waited out (``/readyz`` reports it meanwhile).
 
         Raises:
-            BrokerRejected: the broker refused a result, dead-letter or audit
-                message for good (nothing unfinished was committed; a restart
-                redoes it).
+            BrokerRejected: the broker refused a result, dead-letter or audit message
+                for good (nothing unfinished was committed; a restart redoes it).
             ConfigError: the user hook cannot be loaded, or needs CuPy that is
                 not installed.
         """
         s = self.settings
-        # How long a thread that wants the GIL waits for its holder: the device thread
-        # and the GET threads give it up at every CUDA call or recv.
+        # A thread wanting the GIL waits this long; device and GET threads yield it often.
         sys.setswitchinterval(s.gil_switch_ms / 1000.0)
         async with AsyncExitStack() as stack:
             # The group join first (ingest/source/group.py): the broker holds it while
@@ -201,9 +200,10 @@ class Worker:
                 )
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
-                services.start_soon(self._commits.loop)
-                services.start_soon(self._audit.run)  # digests; the spool's forwarder
-                services.start_soon(probe, self.health, self._check_broker, self._check_s3)
+                services.start_soon(keep_running, "commits", self._commits.loop)
+                services.start_soon(keep_running, "audit", self._audit.run)  # digests, spool
+                checks = functools.partial(probe, self.health, self._check_broker, self._check_s3)
+                services.start_soon(keep_running, "probe", checks)
                 log.info("worker started", backend=stage.backend, worker=s.worker_id)
                 task_status.started()
                 with self._work_scope:
@@ -234,6 +234,9 @@ class Worker:
                 batch = await self._consumer.getmany(
                     timeout_ms=100 if free <= 0 else 500, max_records=max(1, free)
                 )
+            except anyio.get_cancelled_exc_class():
+                stray_or_raise("poll")  # ingest/ops/services.py says why
+                continue
             except KafkaError as exc:
                 log.warning("poll failed", error=type(exc).__name__)
                 self.health.broker_error = type(exc).__name__

@@ -127,7 +127,7 @@ def _s3_client(endpoint_url: str, creds: S3Credentials, timeout: float = 5.0) ->
     )  # fmt: skip
 
 
-VOLUME_FLAGS = ("-master.volumeSizeLimitMB=30720", "-volume.max=100")
+VOLUME_FLAGS = ("-master.volumeSizeLimitMB=30720", "-volume.max=1000")
 """Volumes of SeaweedFS's standard size, not ``weed mini``'s 1 GiB.
 
 When a volume fills, the PUTs caught in flight stall inside SeaweedFS for
@@ -137,7 +137,9 @@ shows in the sink's latency (``python3 -m ingest.bench.diagnostics.put_stalls
 becomes unwritable"). 30,720 MiB is what ``weed master`` uses by default; a
 volume's file grows as it is written (no preallocation), and ``-volume.max`` is
 only a count: ``mini`` would divide the free space by 30 GiB and allow two
-volumes, too few for the bench's buckets.
+volumes, too few for the bench's buckets. Every bucket grows volumes of its own
+(a collection), so a test session's hundreds of buckets need many: at 100 its
+last PUTs were refused (500 InternalError).
 """
 
 

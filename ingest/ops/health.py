@@ -11,6 +11,7 @@ the worker's log and the ``health()`` snapshot tests read.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -89,12 +90,19 @@ async def probe(
     check_broker: Callable[[], Awaitable[None]],
     check_s3: Callable[[], Awaitable[None]],
 ) -> None:
-    """Check both dependencies every ``PROBE_INTERVAL_S`` until cancelled."""
+    """Check both dependencies every ``PROBE_INTERVAL_S`` until cancelled.
+
+    Each check runs in an asyncio task of its own under ``asyncio.wait_for``,
+    not under an anyio timeout in this task: aiokafka bounds its own calls
+    with asyncio timeouts, and with both kinds of cancellation on one task a
+    timed-out check could leave it a stray ``CancelledError``, which ended the
+    probe and with it, silently, the worker's services (the health server
+    first) in the middle of a broker outage.
+    """
     while True:
         for name, check in (("broker", check_broker), ("s3", check_s3)):
             try:
-                with anyio.fail_after(PROBE_INTERVAL_S * 2):
-                    await check()
+                await asyncio.wait_for(_call(check), PROBE_INTERVAL_S * 2)
             except Exception as exc:
                 error = f"{type(exc).__name__}"
                 if getattr(health, f"{name}_error") is None:
@@ -106,6 +114,10 @@ async def probe(
                 setattr(health, f"{name}_error", None)
                 setattr(health, f"{name}_ok", time.monotonic())
         await anyio.sleep(PROBE_INTERVAL_S)
+
+
+async def _call(check: Callable[[], Awaitable[None]]) -> None:
+    await check()
 
 
 @asynccontextmanager

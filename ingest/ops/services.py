@@ -1,0 +1,61 @@
+"""A worker service that a cancellation nobody asked for must not end.
+
+anyio cancels a whole task group, silently, when one of its tasks ends with a
+``CancelledError``. aiokafka bounds its own calls with asyncio timeouts
+(``task.cancel()`` and ``uncancel()`` on the caller's task); when such a
+timeout meets an anyio cancel scope on the same task, the task can be left a
+``CancelledError`` that no scope of ours raised. Ending a service with it
+ended the worker's services, the health server first, in the middle of a
+broker outage, with no error anywhere. ``keep_running`` tells the two apart
+(a real cancellation leaves the task's effective deadline at ``-inf``) and
+runs the service again after a stray one, with an error logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+
+import anyio
+import structlog
+
+log = structlog.get_logger("dicom_ingest.services")
+RESTART_PAUSE_S = 0.5
+
+
+def stray_cancellation() -> bool:
+    """In an ``except`` of the cancellation class: whether no enclosing scope was cancelled.
+
+    The task's own pending native cancellations are taken back (``uncancel``),
+    so that the next timeout on it counts right.
+    """
+    if anyio.current_effective_deadline() == -math.inf:
+        return False
+    task = asyncio.current_task()
+    while task is not None and task.cancelling():
+        task.uncancel()
+    return True
+
+
+def stray_or_raise(what: str) -> None:
+    """In an ``except`` of the cancellation class: raise it again unless it is a stray one,
+    which is logged as an error."""
+    if not stray_cancellation():
+        raise  # the cancellation being handled
+    log.error("cancelled by no scope; going on", what=what, exc_info=True)
+
+
+async def keep_running(name: str, service: Callable[[], Awaitable[None]]) -> None:
+    """Run ``service`` until it returns or a real cancellation ends it."""
+    while True:
+        try:
+            await service()
+            return
+        except anyio.get_cancelled_exc_class():
+            if not stray_cancellation():
+                raise
+            log.error(
+                "service cancelled by no scope; running it again", service=name, exc_info=True
+            )
+        await anyio.sleep(RESTART_PAUSE_S)
