@@ -44,7 +44,7 @@ from aiokafka.errors import KafkaError
 
 from ingest.errors import BrokerError
 from ingest.settings import Settings
-from ingest.source.kafka import read_records
+from ingest.source.kafka import client_security, read_records
 
 HEADER = "dicom-ingest-replay-of"
 TIMEOUT_S = 120.0
@@ -123,12 +123,14 @@ async def replay(settings: Settings, selection: Selection, *, dry_run: bool = Fa
     report = Report()
     try:
         with anyio.fail_after(TIMEOUT_S):
-            await _ensure_topic(settings.kafka_bootstrap, markers_topic)
+            await _ensure_topic(settings, markers_topic)
             done = {r.key.decode() for r in await read_all(settings, markers_topic) if r.key}
             letters = await read_all(settings, settings.dlq_topic)
             if dry_run:
                 return _plan(letters, done, selection, report, [])
-            producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+            producer = AIOKafkaProducer(
+                bootstrap_servers=settings.kafka_bootstrap, acks="all", **client_security(settings)
+            )
             await producer.start()
             try:
                 todo: list[tuple[str, bytes, bytes | None, str]] = []
@@ -181,12 +183,16 @@ def _plan(
 async def read_all(settings: Settings, topic: str) -> list[Any]:
     """Every record of ``topic`` from the beginning to the end it has now (no group); a
     topic not there yet is empty."""
-    return await read_records(settings.kafka_bootstrap, topic, missing_ok=True)
+    return await read_records(
+        settings.kafka_bootstrap, topic, client=client_security(settings), missing_ok=True
+    )
 
 
-async def _ensure_topic(bootstrap: str, topic: str) -> None:
+async def _ensure_topic(settings: Settings, topic: str) -> None:
     """Create the markers topic when missing (one partition; replicated as the cluster allows)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap, **client_security(settings)
+    )
     await admin.start()
     try:
         if topic in await admin.list_topics():
