@@ -6,6 +6,8 @@ import asyncio
 
 import anyio
 import pytest
+import structlog
+import structlog.testing
 
 from ingest.ops.services import keep_running
 
@@ -23,9 +25,10 @@ async def test_a_stray_cancellation_runs_the_service_again() -> None:
             task.cancel()  # natively, as an asyncio timeout inside a library does
             await asyncio.sleep(0)
 
-    with anyio.fail_after(5):
+    with anyio.fail_after(5), structlog.testing.capture_logs() as logs:
         await keep_running("test", service)
     assert runs == [0, 1]
+    assert [(e["event"], e["what"]) for e in logs] == [("cancelled by no scope; going on", "test")]
     task = asyncio.current_task()
     assert task is not None
     assert task.cancelling() == 0  # taken back: the next timeout counts right
