@@ -318,7 +318,7 @@ class Worker:
     ) -> None:
         bind_object(ref.key, progress.partition, progress.offset)  # this task's log lines
         try:
-            await keep_running("object", functools.partial(self._handle, progress, ref))
+            await self._handle(progress, ref)
             self._recent.seen(ref)  # only what finished durably counts as seen
             finished.set()  # repeats waiting on it may finish too
         finally:

@@ -5,8 +5,8 @@ anyio cancels a whole task group, silently, when one of its tasks ends with a
 (``task.cancel()`` and ``uncancel()`` on the caller's task); when such a
 timeout meets an anyio cancel scope on the same task, the task can be left a
 ``CancelledError`` that no scope of ours raised. Ending a service with it
-ended the worker's object tasks or services, and with them the worker, in
-the middle of a broker outage, with no error anywhere. ``keep_running`` tells the two apart
+ended the worker's services, and with them the worker, in the middle of a
+broker outage, with no error anywhere. ``keep_running`` tells the two apart
 (a real cancellation leaves the task's effective deadline at ``-inf``) and
 runs the service again after a stray one, with an error logged.
 """
@@ -47,8 +47,8 @@ def stray_or_raise(what: str) -> None:
 
 
 async def keep_running(name: str, service: Callable[[], Awaitable[None]]) -> None:
-    """Run ``service`` until it returns or a real cancellation ends it (again after a stray
-    one: an object's work is idempotent, a service's a loop)."""
+    """Run ``service`` until it returns or a real cancellation ends it; again after a stray
+    one (a service is a loop)."""
     while True:
         try:
             await service()
