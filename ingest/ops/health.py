@@ -94,10 +94,8 @@ async def probe(
 
     Each check runs in an asyncio task of its own under ``asyncio.wait_for``,
     not under an anyio timeout in this task: aiokafka bounds its own calls
-    with asyncio timeouts, and with both kinds of cancellation on one task a
-    timed-out check could leave it a stray ``CancelledError``, which ended the
-    probe and with it, silently, the worker's services (the health server
-    first) in the middle of a broker outage.
+    with asyncio timeouts, and two kinds of cancellation on one task could
+    leave it a stray ``CancelledError`` (``ingest/ops/services.py``).
     """
     while True:
         for name, check in (("broker", check_broker), ("s3", check_s3)):

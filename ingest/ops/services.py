@@ -5,10 +5,12 @@ anyio cancels a whole task group, silently, when one of its tasks ends with a
 (``task.cancel()`` and ``uncancel()`` on the caller's task); when such a
 timeout meets an anyio cancel scope on the same task, the task can be left a
 ``CancelledError`` that no scope of ours raised. Ending a service with it
-ended the worker's services, and with them the worker, in the middle of a
-broker outage, with no error anywhere. ``keep_running`` tells the two apart
-(a real cancellation leaves the task's effective deadline at ``-inf``) and
-runs the service again after a stray one, with an error logged.
+would end the worker's services, and with them the worker, with no error
+anywhere (the full test suite's broker-outage test sees a worker end that
+way; which task takes the cancellation there is not found yet).
+``keep_running`` tells the two apart (a real cancellation leaves the task's
+effective deadline at ``-inf``) and runs the service again after a stray
+one, with an error logged.
 """
 
 from __future__ import annotations
