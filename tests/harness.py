@@ -6,6 +6,7 @@ import base64
 import hashlib
 import io
 import json
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,6 +222,16 @@ def load_json(data: bytes) -> dict[str, Any]:
 def md5(data: bytes) -> str:
     """The ETag S3 gives an object uploaded in one PUT."""
     return hashlib.md5(data).hexdigest()
+
+
+def accepts_tcp(address: str) -> bool:
+    """Whether ``host:port`` accepts a TCP connection (a server up, whatever it speaks)."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 def sha256(data: bytes) -> str:
