@@ -6,6 +6,11 @@ the parent's stderr, and two lines written at the same instant must not
 interleave, or a log reader sees ``{...}{...}`` and loses both records.
 A line up to ``PIPE_BUF`` (4 KiB) is atomic on a pipe.
 
+Lines go to ``sys.stderr`` as it is when each is written, not as it was at
+set-up: whoever swaps it (a test harness, an embedding program) may close the
+old stream, and a logger still holding that one would raise ``ValueError`` in
+whichever task logs next, ending the worker's services with it.
+
 Logs never carry patient data: object keys appear only as ``key_digest``
 and DICOM header values not at all; the results topic and the encrypted audit
 trail are where keys and UIDs live. ``ingest/redact.py`` enforces it on every
@@ -22,6 +27,19 @@ import sys
 import structlog
 
 from ingest.redact import RedactFilter, redact_event
+
+
+class _CurrentStderr:
+    """A file whose writes go to ``sys.stderr`` as it is at that moment."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_STDERR = _CurrentStderr()
 
 
 def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
@@ -41,10 +59,10 @@ def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=_STDERR),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(level, logging.WARNING), stream=sys.stderr)
+    logging.basicConfig(level=max(level, logging.WARNING), stream=_STDERR)
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RedactFilter) for f in handler.filters):
             handler.addFilter(RedactFilter())

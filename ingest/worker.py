@@ -4,7 +4,7 @@
 
     services task group
     ├── DeviceStage.run           batches chunks onto the device thread
-    ├── commit loop, audit digests, health probe (ops/services.py: keep_running)
+    ├── commit loop, audit digests, health probe
     └── work scope (cancelled at the drain deadline)
         └── objects task group
             ├── intake (cancelled by stop())   poll -> parse -> dedupe -> spawn
@@ -25,7 +25,6 @@ commit runs shielded; the consumer leaves the group; clients close.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -49,7 +48,6 @@ from ingest.hooks import enable_device_arrays, load_hook
 from ingest.logs import bind_object, key_digest
 from ingest.ops.health import Health, probe, serving
 from ingest.ops.metrics import finished, stopped_summary, watching
-from ingest.ops.services import keep_running, stray_or_raise
 from ingest.pipeline.jobs import Context
 from ingest.pipeline.process import process_object
 from ingest.settings import Settings
@@ -200,10 +198,9 @@ class Worker:
                 )
             async with anyio.create_task_group() as services:
                 await services.start(stage.run)
-                services.start_soon(keep_running, "commits", self._commits.loop)
-                services.start_soon(keep_running, "audit", self._audit.run)  # digests, spool
-                checks = functools.partial(probe, self.health, self._check_broker, self._check_s3)
-                services.start_soon(keep_running, "probe", checks)
+                services.start_soon(self._commits.loop)
+                services.start_soon(self._audit.run)  # digests, spool
+                services.start_soon(probe, self.health, self._check_broker, self._check_s3)
                 log.info("worker started", backend=stage.backend, worker=s.worker_id)
                 task_status.started()
                 with self._work_scope:
@@ -234,9 +231,6 @@ class Worker:
                 batch = await self._consumer.getmany(
                     timeout_ms=100 if free <= 0 else 500, max_records=max(1, free)
                 )
-            except anyio.get_cancelled_exc_class():
-                stray_or_raise("poll")  # ingest/ops/services.py says why
-                continue
             except KafkaError as exc:
                 log.warning("poll failed", error=type(exc).__name__)
                 self.health.broker_error = type(exc).__name__

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Iterator
@@ -69,3 +70,19 @@ def test_level_filters_below_it(recorder: WriteRecorder, monkeypatch: pytest.Mon
     log.info("quiet")
     log.error("loud")
     assert [json.loads(t)["event"] for t in recorder.writes] == ["loud"]
+
+
+def test_lines_follow_stderr_when_it_is_swapped_and_the_old_one_closed(
+    recorder: WriteRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A logger holding the stream of set-up would raise ValueError once that stream is
+    closed (pytest closes each test's capture), in whatever task logs next."""
+    first = io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    configure_logging(json=True, level=logging.INFO)
+    log = structlog.get_logger()
+    log.info("before")
+    first.close()
+    monkeypatch.setattr("sys.stderr", recorder)
+    log.warning("dependency unreachable", dependency="broker")
+    assert [json.loads(text)["event"] for text in recorder.writes] == ["dependency unreachable"]

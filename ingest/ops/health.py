@@ -92,10 +92,9 @@ async def probe(
 ) -> None:
     """Check both dependencies every ``PROBE_INTERVAL_S`` until cancelled.
 
-    Each check runs in an asyncio task of its own under ``asyncio.wait_for``,
-    not under an anyio timeout in this task: aiokafka bounds its own calls
-    with asyncio timeouts, and two kinds of cancellation on one task could
-    leave it a stray ``CancelledError`` (``ingest/ops/services.py``).
+    Each check runs in an asyncio task of its own under ``asyncio.wait_for``:
+    a check that hangs (a broker that accepts and never answers) costs one
+    probe round, not the probe.
     """
     while True:
         for name, check in (("broker", check_broker), ("s3", check_s3)):
