@@ -108,7 +108,8 @@ def _bench_parser(commands: Any) -> None:
     add("--bootstrap", help="Kafka bootstrap servers (needed with --endpoint)")
     add(
         "--workloads", type=_csv_names, default=("ct", "large", "mix"),
-        help="ct,large,mix (default) and the decode workloads slide,ct-j2k,ct-htj2k,ct-rle",
+        help="ct,large,mix (default); corpus (the mix and samples of many kinds); the decode "
+        "workloads slide,ct-j2k,ct-htj2k,ct-rle",
     )  # fmt: skip
     add(
         "--readers",
@@ -127,7 +128,8 @@ def _bench_parser(commands: Any) -> None:
             "ours",
             "ours-hook",
         ),
-        help="curl,threads,kvikio-raw,naive,kvikio,put-raw (ct, large, mix), pydicom-loop,"
+        help="curl,threads,kvikio-raw,naive,kvikio,put-raw (ct, large, mix, corpus), plain (the "
+        "plain sequential worker, when named), pydicom-loop,"
         "cpu-pool,nvimgcodec,nvimgcodec-plugin (decode workloads), ours,ours-hook (all)",
     )
     add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each), also "

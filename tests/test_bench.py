@@ -39,6 +39,8 @@ from ingest.bench.workloads import (
     prepare_workloads,
 )
 from ingest.cli import _bench_config, _parser, main
+from ingest.embedded.samples import pydicom_examples
+from ingest.embedded.samples_compressed import compressed_samples
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 
@@ -273,6 +275,41 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
     assert len(best) == 1
     assert best[0]["value"] > 0
     assert "scaled: N worker processes" in output.getvalue()
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+async def test_the_corpus_against_the_plain_sequential_worker(stack: Stack, tmp_path: Path) -> None:
+    """Issue 22's 2-core comparison: samples of many kinds, CT slices and a large
+    object, one worker process with the sink on against the plain worker, which
+    reads every sample (pydicom and its plugins) and PUTs every output."""
+    config = BenchConfig(
+        out=tmp_path, workloads=("corpus",), readers=("plain",), ct_count=3, large_mb=20,
+        repeats=1, plots=False, processes=(1,), scaled_modes=("ours",),
+    )  # fmt: skip
+    output = io.StringIO()
+    report = await run_bench(config, stack, Console(file=output, width=160))
+    corpus = _written(tmp_path)["results"]["corpus"]
+    assert set(corpus) == {"plain", "ours-p1"}
+    plain = corpus["plain"]
+    assert plain["status"] == "ok", plain
+    (run,) = plain["runs"]
+    assert run["failed"] == []
+    objects = run["objects"]
+    assert objects == 1 + 3 + len(pydicom_examples(dead_lettered=False)) + len(compressed_samples())
+    assert run["outputs_put"] == objects  # put_object raises on a refused PUT
+    ours = corpus["ours-p1"]
+    assert ours["status"] == "ok", ours
+    assert ours["latency_burst"]["count"] == objects
+    assert ours["settings"]["sink"] == "s3"
+    (row,) = _written(tmp_path)["scaling"]
+    assert row["over_plain"] == pytest.approx(
+        ours["median"]["gb_per_s"] / plain["median"]["gb_per_s"]
+    )
+    found = [t for t in report["targets"] if t["target"] == "corpus: ours-p1 / plain"]
+    assert [t["value"] for t in found] == [row["over_plain"]]
+    assert "/ plain" in output.getvalue()
 
 
 def test_gap_watch_seeks_back_over_skipped_offsets() -> None:

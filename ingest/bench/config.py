@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingest.bench.ours import HOOK_SPEC
-from ingest.bench.workloads import DECODE_WORKLOADS, FETCH_WORKLOADS, S3Target
+from ingest.bench.workloads import CORPUS, DECODE_WORKLOADS, FETCH_WORKLOADS, S3Target
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings, load_settings
 
 WORKLOADS = FETCH_WORKLOADS  # the default; the decode workloads run when named
-ALL_WORKLOADS = (*FETCH_WORKLOADS, *DECODE_WORKLOADS)
+ALL_WORKLOADS = (*FETCH_WORKLOADS, CORPUS, *DECODE_WORKLOADS)
 READERS = (
     "curl", "threads", "kvikio-raw", "naive", "kvikio", "pydicom-loop", "cpu-pool", "nvimgcodec",
     "nvimgcodec-plugin", "put-raw", "ours", "ours-hook",

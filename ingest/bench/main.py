@@ -56,6 +56,7 @@ from ingest.bench.config import (
 from ingest.bench.decode import add_decode_rates, decode_ratios
 from ingest.bench.decode import pass_limit_s as decode_pass_limit_s
 from ingest.bench.measure import MiB, load_watch, machine_info
+from ingest.bench.method import method
 from ingest.bench.ours import HOOK_SPEC, OursRunner
 from ingest.bench.plots import plots
 from ingest.bench.reader_runs import (
@@ -66,7 +67,6 @@ from ingest.bench.reader_runs import (
     skipped,
 )
 from ingest.bench.report import (
-    method,
     notes,
     print_tables,
     ratios,

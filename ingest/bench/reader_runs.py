@@ -1,7 +1,8 @@
 """Which readers run on which workload, how each is made, and how one is measured.
 
-The fetch workloads (``ct``, ``large``, ``mix``) get the raw ceilings (reads, and
-``put-raw`` for the outputs), the naive path and KvikIO; the decode workloads
+The fetch workloads (``ct``, ``large``, ``mix``, ``corpus``) get the raw ceilings
+(reads, and ``put-raw`` for the outputs), the naive path, the plain sequential worker
+and KvikIO; the decode workloads
 (``DECODE_WORKLOADS``) get the decode references (``decode``, ``decode_gpu``); both
 get ours. A reader asked for
 that does not fit a workload is left out of that workload's results; one that
@@ -25,6 +26,7 @@ from ingest.bench.decode_gpu import (
     plugin_missing,
 )
 from ingest.bench.measure import Meter, MiB, summarize
+from ingest.bench.plain import PlainReader
 from ingest.bench.put_raw import PutRawReader
 from ingest.bench.readers import (
     CurlReader,
@@ -107,6 +109,8 @@ def make_reader(name: str, config: BenchConfig, target: S3Target) -> Reader | di
     if name == "naive":
         on_gpu = cuda is None and config.device != "cpu"
         return NaiveReader(target, conc, bench_gpu.to_device if on_gpu else None)
+    if name == "plain":
+        return PlainReader(target)
     if name in ("kvikio-raw", "kvikio"):
         why = bench_gpu.kvikio_missing()
         if why is not None:

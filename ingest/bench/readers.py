@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlparse
 
 import numpy as np
@@ -244,17 +244,25 @@ def _as_native(ds: Any) -> None:
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
 
 
-def naive_values(path: str) -> np.ndarray:
-    """dcmread, pixel_array, Modality LUT (float64), cast to float32: the plain way."""
+def naive_values(source: str | BinaryIO) -> np.ndarray:
+    """dcmread, pixel_array, Modality LUT (float64), cast to float32: the plain way.
+
+    Colour has no Modality LUT: RGB (pydicom converts YCbCr) is cast as it is, and
+    PALETTE COLOR goes through its palette first.
+    """
     from pydicom import dcmread
-    from pydicom.pixels.processing import apply_modality_lut
+    from pydicom.pixels.processing import apply_color_lut, apply_modality_lut
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # odd-but-readable objects; not the point here
-        ds = dcmread(path)
+        ds = dcmread(source)
         if ds.file_meta.TransferSyntaxUID == ENCAPSULATED_UNCOMPRESSED:
             _as_native(ds)  # pydicom 3.0 has no decoder for it
         arr = ds.pixel_array
+    if ds.get("PhotometricInterpretation") == "PALETTE COLOR":
+        return np.asarray(apply_color_lut(arr, ds), dtype=np.float32)
+    if int(ds.get("SamplesPerPixel") or 1) > 1:
+        return arr.astype(np.float32)
     arr = arr.reshape(-1, int(ds.Rows), int(ds.Columns))
     per_frame = frame_rescale(ds)
     if per_frame is None:

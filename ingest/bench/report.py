@@ -15,10 +15,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ingest.bench.decode import METHOD as DECODE_METHOD
 from ingest.bench.decode import decode_targets, print_decode_tables
 from ingest.bench.measure import GB
-from ingest.bench.workloads import DECODE_WORKLOADS
+from ingest.bench.workloads import CORPUS, DECODE_WORKLOADS
 
 CEILINGS = ("curl", "threads", "kvikio-raw")
 BUSY_SHARE = 0.15  # other processes' share of all cores above which a run is called disturbed
@@ -112,6 +111,9 @@ def scaling(report: dict[str, Any]) -> list[dict[str, Any]]:
                     "cpu_s_per_gb": m["cpu_s_per_gb"],
                     "p99_ms": (entry.get("latency_paced") or entry["latency_burst"])["p99_ms"],
                     "over_p1": over, "efficiency": over / n if over is not None else None,
+                    "over_plain": _ratio(
+                        float(m["gb_per_s"]), median_of(report, workload, "plain", "gb_per_s")
+                    ),
                 })  # fmt: skip
     return rows
 
@@ -212,7 +214,16 @@ def _worker_rss_targets(report: dict[str, Any], add: Any) -> None:
 
 
 def _scaled_targets(report: dict[str, Any], add: Any) -> None:
-    """CT objects/s with the best scaled run; scale-out pN / p1 per mode (largest N)."""
+    """CT objects/s with the best scaled run; scale-out pN / p1 per mode (largest N); the
+    corpus with one worker process (sink on) over the plain sequential worker (issue 22,
+    on the 2-core machine)."""
+    corpus = [
+        r for r in report.get("scaling", [])
+        if r["workload"] == CORPUS and r["label"] == "ours-p1" and r["over_plain"] is not None
+    ]  # fmt: skip
+    for r in corpus:
+        v = float(r["over_plain"])
+        add("corpus: ours-p1 / plain", "cpu", v, ">= 3", v >= 3, "x")
     rows = [r for r in report.get("scaling", []) if r["workload"] == "ct"]
     if not rows:
         add("CT objects/s, N processes (run with --processes)", "gpu", None, ">= 2000", False,
@@ -295,13 +306,13 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
     if report.get("scaling"):
         scale = Table(title="scaled: N worker processes in one group (medians; measured outside)")
         for column in ("workload", "run", "GPUs", "obj/s", "GB/s", "CPU s/GB", "p99 ms",
-                       "/ p1", "efficiency"):  # fmt: skip
+                       "/ p1", "efficiency", "/ plain"):  # fmt: skip
             scale.add_column(column, justify="left" if column in ("workload", "run") else "right")
         for r in report["scaling"]:
             scale.add_row(
                 r["workload"], r["label"], r["gpus"] or "-", _fmt(r["objects_per_s"], 1),
                 _fmt(r["gb_per_s"], 3), _fmt(r["cpu_s_per_gb"]), _fmt(r["p99_ms"], 1),
-                _fmt(r["over_p1"]), _fmt(r["efficiency"]),
+                _fmt(r["over_p1"]), _fmt(r["efficiency"]), _fmt(r.get("over_plain")),
             )  # fmt: skip
         console.print(scale)
     goals = Table(title="targets (issue 4)")
@@ -314,47 +325,6 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
     console.print(goals)
     for note in report.get("notes", []):
         console.print(f"note: {note}")
-
-
-def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str, str]:
-    """How every figure was taken (written into the JSON)."""
-    return {
-        "repeats": f"{repeats} measured runs per reader and workload",
-        "warmup": "readers: one full run first, discarded; ours: one full pass first, discarded "
-        "(sweep points: one CT slice)",
-        "ours_modes": "ours: DICOM_INGEST_SINK=s3; ours-hook: DICOM_INGEST_SINK=none and "
-        f"DICOM_INGEST_HOOK={hook} (a no-op hook on the device thread)",
-        "statistic": "ratios use the median of the measured runs on both sides; "
-        "'best' is the run with the highest GB/s",
-        "throughput": "source object bytes / seconds; ours: from the first notification "
-        "published to the last outcome reported",
-        "latency": "ours: Outcome callback time (after output, sidecar, acknowledged result "
-        "event and audit record) minus the time just before the notification was handed "
-        "to the producer; 'burst' publishes everything at once (includes queueing), "
-        "'paced' publishes at --paced-rate, by default half the median burst rate",
-        "cpu": "process_time of this process (all threads, including the bench's own "
-        "publisher) + RUSAGE_CHILDREN (curl) + live child processes other than the servers "
-        "(decoding pools, /proc/PID/stat); server CPU apart as server_cpu_s",
-        "rss": "VmHWM reset via /proc/self/clear_refs before each run; ours is compared "
-        "with ring size = RING_SLOTS x PART_SIZE",
-        "contention": "other_cpu_s = machine busy CPU (/proc/stat) during the run minus ours, "
-        "our children's and the servers'; other_cpu_share = that / (seconds x cores)",
-        "ceiling": f"{concurrency} parallel {part_mb} MiB ranges (KvikIO: {part_mb} MiB tasks); "
-        "ours reads at its own part_size setting (in settings.part_size)",
-        "put_raw": "the outputs' ceiling: the .npy and sidecar bytes ours writes for each "
-        "object, PUT by plain threads through the sink's transport (threaded_http.put_from, "
-        "presigned): multipart at the sink's part size and sink_parts_in_flight where the "
-        "sink uses parts, else one PUT, on 2 x fetch_concurrency threads; its GB/s is of "
-        "source bytes, as ours'",
-        "scaled": "ours-hook-pN / ours-pN: `dicom-ingest worker --processes N` (the supervisor "
-        "and N child workers in one group) on a fresh topic of 4 x N partitions, notifications "
-        "round robin; latency = arrival of the result record at the bench's consumer "
-        "(fetch_max_wait_ms=10) minus the publish time; throughput = objects / (last result "
-        "- first publish); CPU = utime+stime of the supervisor's process tree (/proc/PID/stat), "
-        "the bench's own apart; peak RSS = VmHWM per child (reset via clear_refs), the largest "
-        "in peak_rss_bytes; warm-up, repeats and paced pass as ours",
-        "decode": DECODE_METHOD,
-    }
 
 
 def notes(report: dict[str, Any]) -> list[str]:

@@ -1,5 +1,7 @@
 """The benchmark's objects: a CT series, one large multi-frame object, and their mix;
-and the decode workloads (``DECODE_WORKLOADS``, made in ``workloads_compressed``).
+the ``corpus`` (the mix plus the demo's samples of many kinds: pydicom's test files
+and the compressed samples, what an archive holds); and the decode workloads
+(``DECODE_WORKLOADS``, made in ``workloads_compressed``).
 
 All are synthetic and deterministic (``ingest.embedded.samples``). The large object is
 streamed to a temporary file frame by frame and uploaded with a multipart
@@ -24,6 +26,7 @@ from ingest.embedded.samples import synthetic_ct_series, synthetic_multiframe
 UPLOAD_PART = 64 * MiB
 FRAME_BYTES = 512 * 512 * 2
 FETCH_WORKLOADS = ("ct", "large", "mix")
+CORPUS = "corpus"  # a fetch workload, run when named
 # Compressed objects, decoded on the CPU: workload -> transfer syntax of its frames
 DECODE_WORKLOADS = {
     "slide": "1.2.840.10008.1.2.4.50",  # JPEG Baseline tiles of a whole-slide image
@@ -185,9 +188,10 @@ def prepare_workloads(
             ``decode_corpus``.
         botocore.exceptions.ClientError: an upload failed.
     """
-    unknown = [n for n in names if n not in FETCH_WORKLOADS and n not in DECODE_WORKLOADS]
+    known_names = (*FETCH_WORKLOADS, CORPUS, *DECODE_WORKLOADS)
+    unknown = [n for n in names if n not in known_names]
     if unknown:
-        known = ", ".join((*FETCH_WORKLOADS, *DECODE_WORKLOADS))
+        known = ", ".join(known_names)
         raise ValueError(f"unknown workload {', '.join(unknown)} (known: {known})")
     out = _fetch_workloads(target, names, ct_count, large_mb, tmpdir, progress, large_syntax)
     if set(names) & set(DECODE_WORKLOADS):
@@ -212,7 +216,7 @@ def _fetch_workloads(
     out: dict[str, Workload] = {}
     try:
         ct: list[BenchObject] = []
-        if {"ct", "mix"} & set(names):
+        if {"ct", "mix", CORPUS} & set(names):
             progress(f"generating and uploading {ct_count} CT slices")
             series = synthetic_ct_series(ct_count)
 
@@ -225,7 +229,7 @@ def _fetch_workloads(
                 ct = list(pool.map(put, series))
             del series
         large: BenchObject | None = None
-        if {"large", "mix"} & set(names):
+        if {"large", "mix", CORPUS} & set(names):
             frames = max(1, large_mb * MiB // FRAME_BYTES)
             encapsulated = large_syntax == "encapsulated"
             name = f"enhanced-ct-{frames}x512x512{'-encapsulated' if encapsulated else ''}.dcm"
@@ -252,8 +256,26 @@ def _fetch_workloads(
                 assert large is not None
                 # The large object first, then the series: small objects queue behind it.
                 out[name] = Workload("mix", (large, *ct))
+            elif name == CORPUS:
+                assert large is not None
+                progress("uploading the samples of many kinds")
+                samples = _upload_samples(client, target)
+                out[name] = Workload(CORPUS, (large, *samples, *ct))
     finally:
         client.close()
+    return out
+
+
+def _upload_samples(client: Any, target: S3Target) -> list[BenchObject]:
+    """pydicom's test files the worker processes and the compressed samples (the demo's)."""
+    from ingest.embedded.samples import pydicom_examples
+    from ingest.embedded.samples_compressed import compressed_samples
+
+    out = []
+    for name, data in [*pydicom_examples(dead_lettered=False), *compressed_samples()]:
+        key = f"bench/samples/{name}"
+        client.put_object(Bucket=target.source_bucket, Key=key, Body=data)
+        out.append(BenchObject(key, len(data)))
     return out
 
 
