@@ -16,6 +16,7 @@ exactly once, on this thread, also for failed jobs and cancelled batches.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -77,32 +78,41 @@ class DeviceThread:
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._ready: concurrent.futures.Future[None] | None = None
         self._closed = False
         self._runner: Runner | None = None
         self._counts = {"batches": 0, "host_allocations": 0}
 
     def start(self) -> None:
-        """Start the thread and set up the device; idempotent.
+        """Start the thread and set up the device, waiting for it; idempotent.
 
         Raises:
             RuntimeError: the thread was closed.
             Exception: whatever setting up the device raised (CUDA errors, NVRTC).
         """
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("device thread is closed")
-            if self._thread is not None:
-                return
-            ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-            self._thread = threading.Thread(
-                target=self._main, args=(ready,), name="dicom-ingest-device", daemon=True
-            )
-            self._thread.start()
         try:
-            ready.result()
+            self.launch().result()
         except BaseException:
             self.close()
             raise
+
+    def launch(self) -> concurrent.futures.Future[None]:
+        """Start the thread without waiting: the device is set up on it, and the future
+        resolves when it is (or to what setting it up raised). Idempotent.
+
+        Raises:
+            RuntimeError: the thread was closed.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("device thread is closed")
+            if self._ready is None:
+                self._ready = concurrent.futures.Future()
+                self._thread = threading.Thread(
+                    target=self._main, args=(self._ready,), name="dicom-ingest-device", daemon=True
+                )
+                self._thread.start()
+            return self._ready
 
     def close(self) -> None:
         """Finish the queued work, free the device's buffers and join; idempotent."""
@@ -148,16 +158,28 @@ class DeviceThread:
             RuntimeError: the thread is closed.
             MemoryError: the allocation failed.
         """
-        pinned = self.backend == "cuda"
-
-        def run() -> HostBuffer:
-            self._counts["host_allocations"] += 1
-            return alloc_host(nbytes, pinned=pinned, device_index=self._device_index)
-
         if self._thread is threading.current_thread():
-            return run()
-        result: HostBuffer = self._put(_Work(run, concurrent.futures.Future())).result()
+            return self._alloc(nbytes)
+        result: HostBuffer = self._put(self._alloc_work(nbytes)).result()
         return result
+
+    def alloc_host_soon(self, nbytes: int) -> concurrent.futures.Future[HostBuffer]:
+        """``alloc_host`` without waiting, not even for the device's set-up (``launch``):
+        the allocation is queued behind it, and fails with ``RuntimeError`` if it failed.
+
+        Raises:
+            RuntimeError: the thread is closed.
+        """
+        self.launch()
+        future: concurrent.futures.Future[HostBuffer] = self._enqueue(self._alloc_work(nbytes))
+        return future
+
+    def _alloc_work(self, nbytes: int) -> _Work:
+        return _Work(functools.partial(self._alloc, nbytes), concurrent.futures.Future())
+
+    def _alloc(self, nbytes: int) -> HostBuffer:
+        self._counts["host_allocations"] += 1
+        return alloc_host(nbytes, pinned=self.backend == "cuda", device_index=self._device_index)
 
     def enable_device_arrays(self) -> None:
         """Load what hands a hook its outputs on the device now (CuPy, on CUDA), so that
@@ -184,6 +206,9 @@ class DeviceThread:
 
     def _put(self, work: _Work) -> concurrent.futures.Future[Any]:
         self.start()
+        return self._enqueue(work)
+
+    def _enqueue(self, work: _Work) -> concurrent.futures.Future[Any]:
         with self._lock:
             if self._closed:
                 raise RuntimeError("device thread is closed")

@@ -25,7 +25,9 @@ commit runs shielded; the consumer leaves the group; clients close.
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -152,28 +154,20 @@ class Worker:
             ConfigError: the user hook cannot be loaded, or needs CuPy that is
                 not installed.
         """
-        s = self.settings
+        s, t0 = self.settings, time.monotonic()
         # A thread wanting the GIL waits this long; device and GET threads yield it often.
         sys.setswitchinterval(s.gil_switch_ms / 1000.0)
         async with AsyncExitStack() as stack:
             # The group join first (ingest/source/group.py): the broker holds it while
             # the device, the ring and the clients start; the first poll waits for it.
             await self._member.start()
-            stack.push_async_callback(self._member.aclose)  # idempotent; see _run_with
+            stack.push_async_callback(self._member.aclose)  # idempotent; again below
+            # The device's set-up and the ring's (pinned) memory come on the device
+            # thread while the clients start here.
             thread = DeviceThread(s.device)
-            thread.start()
+            ready = asyncio.wrap_future(thread.launch())
             stack.push_async_callback(anyio.to_thread.run_sync, thread.close)  # idempotent
-            ring = await PinnedRing.allocate(thread.alloc_host, s.slot_size, s.ring_slots)
-            stack.push_async_callback(ring.aclose)
-            # The thread finishes its queued copies before the ring's memory goes.
-            stack.push_async_callback(anyio.to_thread.run_sync, thread.close)
-            await self._run_with(thread, ring, task_status)
-
-    async def _run_with(
-        self, thread: DeviceThread, ring: PinnedRing, task_status: TaskStatus[None]
-    ) -> None:
-        s = self.settings
-        async with AsyncExitStack() as stack:
+            memory = asyncio.wrap_future(thread.alloc_host_soon(s.slot_size * s.ring_slots))
             source = S3Source(s)
             await source.__aenter__()
             stack.push_async_callback(_close, source.aclose)
@@ -183,13 +177,23 @@ class Worker:
             self._publisher = Publisher(self._producer, s)
             self._audit = await stack.enter_async_context(open_audit(s, self._publisher))
             stack.push_async_callback(self._member.aclose)  # leaves the group, promptly
-            stage = DeviceStage(thread, s)
             hook = load_hook(s.hook) if s.hook else None
-            if hook is not None:
-                await anyio.to_thread.run_sync(enable_device_arrays, thread)
             sink = OutputSink(source, s)
             decoders = DecodePool(s.decode_processes)
             stack.push_async_callback(decoders.aclose)
+            clients_up = time.monotonic()
+            try:
+                ring = PinnedRing(await memory, s.slot_size, s.ring_slots)
+            except RuntimeError:  # queued behind a set-up that failed: raise what it raised
+                await ready
+                raise
+            waited = round(time.monotonic() - clients_up, 3)  # the device's, past the clients'
+            stack.push_async_callback(ring.aclose)
+            # The thread finishes its queued copies before the ring's memory goes.
+            stack.push_async_callback(anyio.to_thread.run_sync, thread.close)
+            stage = DeviceStage(thread, s)
+            if hook is not None:
+                await anyio.to_thread.run_sync(enable_device_arrays, thread)
             self._ctx = Context(s, source, sink, ring, stage, decoders, hook)
             stack.enter_context(watching(self, ring, thread))  # for /metrics
             if s.health_port:
@@ -201,7 +205,8 @@ class Worker:
                 services.start_soon(self._commits.loop)
                 services.start_soon(self._audit.run)  # digests, spool
                 services.start_soon(probe, self.health, self._check_broker, self._check_s3)
-                log.info("worker started", backend=stage.backend, worker=s.worker_id)
+                log.info("worker started", backend=stage.backend, worker=s.worker_id,
+                         start_s=round(time.monotonic() - t0, 3), device_wait_s=waited)  # fmt: skip
                 task_status.started()
                 with self._work_scope:
                     async with anyio.create_task_group() as objects:

@@ -207,3 +207,41 @@ def test_alloc_host_views_outlive_close() -> None:
     part[:] = b"x" * 10  # still backed by the mapping, which closes when the last view goes
     assert bytes(part) == b"x" * 10
     part.release()
+
+
+def test_an_allocation_queued_before_the_set_up_comes_after_it() -> None:
+    """The worker launches the device and queues the ring's memory without waiting, then
+    starts its clients."""
+    device = DeviceThread("cpu")
+    try:
+        ready = device.launch()
+        assert device.launch() is ready  # idempotent
+        buffer = device.alloc_host_soon(3 * ALIGNMENT).result(timeout=10)
+        assert ready.done()
+        assert ready.exception() is None
+        assert len(buffer.view) == 3 * ALIGNMENT
+        assert device.stats()["host_allocations"] == 1
+        buffer.close()
+    finally:
+        device.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        device.alloc_host_soon(ALIGNMENT)
+
+
+def test_a_failed_set_up_fails_what_was_queued_behind_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise OSError("no device here")
+
+    monkeypatch.setattr("gpu.thread.CpuRunner", broken)
+    device = DeviceThread("cpu")
+    try:
+        ready = device.launch()
+        queued = device.alloc_host_soon(ALIGNMENT)
+        with pytest.raises(OSError, match="no device here"):
+            ready.result(timeout=10)
+        with pytest.raises(RuntimeError, match="device setup failed"):
+            queued.result(timeout=10)
+        with pytest.raises(OSError, match="no device here"):
+            device.start()  # the blocking form raises the set-up's own error
+    finally:
+        device.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import uuid
 
+import anyio
 import numpy as np
 import pytest
 from botocore.utils import calculate_tree_hash
@@ -25,6 +26,7 @@ from ingest.embedded.samples import (
     synthetic_rgb,
 )
 from ingest.embedded.stack import Stack
+from ingest.worker import Worker
 from tests import harness
 from tests.reference import reference_array
 
@@ -220,3 +222,19 @@ async def test_restart_neither_redoes_committed_nor_skips_uncommitted(
     assert await harness.committed_offset(stack, names.group, names.source_topic) == len(keys)
     results = await harness.read_json_topic(stack, names.results_topic)
     assert {r["source"]["key"] for r in results} == set(keys)
+
+
+async def test_a_device_that_cannot_be_set_up_fails_the_start_with_its_own_error(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device is set up on its thread while the clients start; its error, not the
+    "device setup failed" of the ring's allocation queued behind it, ends the start."""
+
+    def broken() -> None:
+        raise OSError("no device here")
+
+    monkeypatch.setattr("gpu.thread.CpuRunner", broken)
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    with anyio.fail_after(60), pytest.raises(OSError, match="no device here"):
+        await Worker(harness.make_settings(stack, names, device="cpu")).run()
