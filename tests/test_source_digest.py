@@ -102,12 +102,3 @@ def test_crc64nvme_names_missing_overlapping_and_outside_bytes() -> None:
         digest.value()
     with pytest.raises(ValueError, match="outside"):
         digest.add(8, b"xyz")
-
-
-def test_crc64nvme_takes_a_piece_given_again_once() -> None:
-    """A GET tried again hands its pieces to the digest again, at the same offsets."""
-    data = bytes(range(256)) * 40
-    digest = CrcDigest(len(data))
-    for start in (0, 4096, 0, 8192, 4096):
-        digest.add(start, data[start : start + 4096][: len(data) - start])
-    assert digest.value() == crc64nvme_reference(data)

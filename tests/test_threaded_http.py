@@ -244,29 +244,3 @@ def test_a_header_value_with_a_line_break_is_refused_before_sending() -> None:
     assert request_head("GET", "/k", "h:1", {"Range": "bytes=0-9"}) == (
         b"GET /k HTTP/1.1\r\nHost: h:1\r\nAccept-Encoding: identity\r\nRange: bytes=0-9\r\n\r\n"
     )
-
-
-def test_each_gets_the_body_piece_by_piece_at_fixed_offsets(
-    server: str, pool: ConnectionPool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Pieces of ``PIECE`` bytes from the body's start, the last shorter, whatever
-    came with the headers; a cut body hands over only the pieces it completed."""
-    piece = 64 * 1024
-    monkeypatch.setattr("ingest.fetch.http_answer.PIECE", piece)
-    pieces: list[tuple[int, bytes]] = []
-
-    def each(at: int, data: memoryview) -> None:
-        pieces.append((at, bytes(data)))
-
-    for _ in range(2):  # the second on the kept-alive connection
-        pieces.clear()
-        target = bytearray(len(BIG))
-        get_into(pool, f"{server}/big", {"Range": "bytes=0-"}, memoryview(target), None, each)
-        assert [at for at, _ in pieces] == list(range(0, len(BIG), piece))
-        assert len(pieces[-1][1]) == len(BIG) % piece
-        assert b"".join(data for _, data in pieces) == BIG == target
-    pieces.clear()
-    with pytest.raises(BodyCut):
-        get_into(pool, f"{server}/short", {"Range": "bytes=0-"}, memoryview(bytearray(len(DATA))),
-                 None, each)  # fmt: skip
-    assert pieces == []  # 1,024 bytes of a 16 KiB piece came: nothing handed over

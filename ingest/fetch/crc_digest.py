@@ -28,14 +28,13 @@ from awscrt.checksums import combine_crc64nvme, crc64nvme
 
 class CrcDigest:
     """The CRC64NVME of an object of ``size`` bytes; ``add`` its bytes once each, in any
-    order and from any thread, then ``b64digest``. A piece given again at the same start
-    (a GET tried again hands its pieces over again) replaces the first."""
+    order and from any thread, then ``b64digest``."""
 
     def __init__(self, size: int) -> None:
         if size < 0:
             raise ValueError("size must not be negative")
         self._size = size
-        self._parts: dict[int, tuple[int, int]] = {}  # start -> (length, crc)
+        self._parts: list[tuple[int, int, int]] = []  # (start, length, crc)
         self._lock = threading.Lock()
 
     def add(self, start: int, data: memoryview | bytes) -> None:
@@ -52,7 +51,7 @@ class CrcDigest:
             return
         crc: int = crc64nvme(view)
         with self._lock:
-            self._parts[start] = (len(view), crc)
+            self._parts.append((start, len(view), crc))
 
     def value(self) -> int:
         """The object's CRC64NVME, once every byte was added exactly once.
@@ -61,9 +60,9 @@ class CrcDigest:
             ValueError: some bytes were never added, or some twice.
         """
         with self._lock:
-            parts = sorted(self._parts.items())
+            parts = sorted(self._parts)
         crc, at = 0, 0
-        for start, (length, part) in parts:
+        for start, length, part in parts:
             if start != at:
                 what = "missing" if start > at else "given twice"
                 raise ValueError(f"bytes from {min(start, at)} of the object are {what}")

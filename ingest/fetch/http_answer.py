@@ -22,11 +22,9 @@ import re
 import socket
 import struct
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 ERROR_BODY_LIMIT = 64 * 1024
-PIECE = 4 * 1024 * 1024  # the step of a body read piece by piece (``each``)
 HEAD_LIMIT = 16 * 1024  # an answer's status line and headers (S3 sends under 2 KiB)
 # Where recv(MSG_WAITALL) and SO_RCVTIMEO behave as recv_exactly needs; elsewhere plain recv.
 RECV_WAITALL = sys.platform == "linux" and hasattr(socket, "MSG_WAITALL")
@@ -124,13 +122,7 @@ def _read_head(sock: socket.socket) -> _Head:
         return _Head(status, headers, view[end + 4 : filled], keep_alive)
 
 
-def read_answer(
-    sock: socket.socket,
-    target: memoryview,
-    *,
-    waitall: bool,
-    each: Callable[[int, memoryview], None] | None = None,
-) -> tuple[Answer, bool]:
+def read_answer(sock: socket.socket, target: memoryview, *, waitall: bool) -> tuple[Answer, bool]:
     head = _read_head(sock)
     status, headers = head.status, head.headers
     framed = "transfer-encoding" not in headers and headers.get("content-length", "").isdigit()
@@ -154,39 +146,11 @@ def read_answer(
     view = target[: min(expected, length)]  # a shorter Content-Length is a cut body
     early = head.early[: len(view)]
     view[: len(early)] = early
-    if each is None:
-        filled = len(early) + recv_exactly(sock, view[len(early) :], waitall, len(early))
-    else:
-        filled = recv_pieces(sock, view, len(early), waitall, each)
+    filled = len(early) + recv_exactly(sock, view[len(early) :], waitall, len(early))
     if filled < expected:
         raise BodyCut(filled, expected, "end of stream")
     reusable = head.keep_alive and len(head.early) + (len(view) - len(early)) == length
     return Answer(status, filled, start, total, etag, version_id), reusable
-
-
-def recv_pieces(
-    sock: socket.socket,
-    view: memoryview,
-    filled: int,
-    waitall: bool,
-    each: Callable[[int, memoryview], None],
-) -> int:
-    """``recv_exactly`` into ``view`` past its first ``filled`` bytes, ``PIECE`` bytes at a
-    time; each whole piece (the last may be shorter) goes to ``each(offset, bytes)`` as
-    soon as it is in, on this thread, while its bytes are still in the cache. Pieces
-    fall at the same offsets of ``view`` whatever came with the headers, so a read
-    tried again hands over the same pieces. Returns the bytes in ``view``.
-    """
-    done = 0
-    while done < len(view):
-        end = min(len(view), done + PIECE)
-        if filled < end:
-            filled += recv_exactly(sock, view[filled:end], waitall, filled)
-            if filled < end:
-                break  # the connection ended; the caller says so
-        each(done, view[done:end])
-        done = end
-    return filled
 
 
 def recv_exactly(sock: socket.socket, view: memoryview, waitall: bool, offset: int = 0) -> int:

@@ -309,11 +309,10 @@ class S3Source:
         head: ObjectHead,
         byte_range: ByteRange,
         into: memoryview,
-        each: Callable[[int, memoryview], None] | None = None,
+        then: Callable[[memoryview], None] | None = None,
     ) -> None:
         """GET ``byte_range`` with ``If-Match`` and write it into ``into[:length]``, retried;
-        ``each(offset in the range, bytes)`` is handed it piece by piece as it arrives, on
-        the GET's thread (``http_answer.recv_pieces``; a retry hands the same pieces again).
+        ``then(the bytes)`` right after, on the GET's thread while they are still in cache.
 
         Raises:
             ObjectChanged: the ETag no longer matches (never retried here).
@@ -322,7 +321,9 @@ class S3Source:
         """
         headers = {"Range": byte_range.http_range, "If-Match": f'"{head.etag}"'}
         target = into[: byte_range.length]
-        answer, _ = await self._get(where.url, headers, target, headers["Range"], None, each)
+        answer, after = await self._get(where.url, headers, target, headers["Range"], then, False)
+        if after is not None:
+            after.value()  # what ``then`` raised
         if answer.start != byte_range.start or answer.filled != byte_range.length:
             raise SourceError(
                 f"GET {byte_range.http_range}: answered {answer.filled} bytes from {answer.start}"
@@ -334,12 +335,12 @@ class S3Source:
         headers: dict[str, str],
         target: memoryview,
         what: str,
-        then: Callable[[memoryview], T] | None,  # the whole object's bytes, once they are in
-        each: Callable[[int, memoryview], None] | None = None,
+        then: Callable[[memoryview], T] | None,
+        whole_only: bool = True,  # ``then`` only when the answer is the whole object
     ) -> tuple[Answer, _After[T] | None]:
         async def call() -> tuple[Answer, _After[T] | None]:
             try:
-                return await self._get_once(url, headers, target, then, each)
+                return await self._get_once(url, headers, target, then, whole_only)
             except Exception as exc:
                 raise translate_s3_error(exc, f"GET {what}") from exc
 
@@ -351,12 +352,12 @@ class S3Source:
         headers: dict[str, str],
         target: memoryview,
         then: Callable[[memoryview], T] | None,
-        each: Callable[[int, memoryview], None] | None,
+        whole_only: bool,
     ) -> tuple[Answer, _After[T] | None]:
         def work(transfer: Transfer) -> tuple[Answer, _After[T] | None]:
-            answer = get_into(self._pool, url, headers, target, transfer, each)
+            answer = get_into(self._pool, url, headers, target, transfer)
             whole = answer.start == 0 and answer.total == answer.filled
-            if then is None or not whole:
+            if then is None or (whole_only and not whole):
                 return answer, None
             return answer, _After.of(then, target[: answer.filled])
 

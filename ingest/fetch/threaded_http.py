@@ -38,7 +38,6 @@ import socket
 import ssl
 import threading
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -170,10 +169,8 @@ def get_into(
     headers: dict[str, str],
     target: memoryview,
     transfer: Transfer | None = None,
-    each: Callable[[int, memoryview], None] | None = None,
 ) -> Answer:
-    """GET ``url`` and write up to ``len(target)`` body bytes into ``target`` (blocking);
-    ``each`` is handed the body piece by piece as it arrives (``http_answer.recv_pieces``).
+    """GET ``url`` and write up to ``len(target)`` body bytes into ``target`` (blocking).
 
     A 206 must carry the whole requested length (``len(target)`` or the
     object's end); a 200 (a server that ignored ``Range``) is read up to
@@ -190,8 +187,7 @@ def get_into(
     with _Lease(pool, url, transfer) as lease:
         sock = lease.conn.sock
         sock.sendall(request_head("GET", lease.path, lease.host, headers))
-        waitall = lease.plain and RECV_WAITALL
-        answer, lease.reusable = read_answer(sock, target, waitall=waitall, each=each)
+        answer, lease.reusable = read_answer(sock, target, waitall=lease.plain and RECV_WAITALL)
         return answer
 
 

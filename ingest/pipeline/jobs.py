@@ -216,10 +216,6 @@ def _nothing() -> None:
     """A decoded chunk's memory is its array's: nothing to hand back when it is copied."""
 
 
-def _update_at(hasher: SourceDigest, start: int, offset: int, data: memoryview) -> None:
-    hasher.update(start + offset, data)
-
-
 def object_reads(
     ctx: Context, obj: Located, ranges: list[ByteRange], hasher: SourceDigest
 ) -> AbstractAsyncContextManager[InOrder]:
@@ -227,17 +223,16 @@ def object_reads(
     across all objects (the source's GET threads), started up to twice that ahead (three
     quarters of the ring at most).
 
-    A digest that takes ranges in any order takes each one as it is read: the CRC on
-    the GET's own thread, 4 MiB at a time as the bytes arrive (still in the cache, and
-    while the rest of the range is on its way), the tree hash (~20 times the CPU) in a
-    worker thread after the GET, off the GET threads. Either way the ranges in
+    A digest that takes ranges in any order takes each one right after its GET: the
+    CRC on the GET's own thread while the bytes are still in cache, the tree hash (~20
+    times the CPU) in a worker thread, off the GET threads. Either way the ranges in
     flight are hashed on as many cores; the consumer gets a range once it is hashed.
     """
 
     async def read(byte_range: ByteRange, into: memoryview) -> None:
         if hasher.on_get_thread:
-            each = functools.partial(_update_at, hasher, byte_range.start)
-            await ctx.source.read_into(obj.where, obj.head, byte_range, into, each)
+            then = functools.partial(hasher.update, byte_range.start)
+            await ctx.source.read_into(obj.where, obj.head, byte_range, into, then)
             return
         await ctx.source.read_into(obj.where, obj.head, byte_range, into)
         if hasher.any_order:

@@ -36,7 +36,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -79,12 +79,11 @@ def instrument() -> None:
         headers: dict[str, str],
         target: memoryview,
         transfer: threaded_http.Transfer | None = None,
-        each: Callable[[int, memoryview], None] | None = None,
     ) -> Answer:
         """On the GET's thread: the time a connection is busy with the range. Ranges after
         the first GET carry ``If-Match``; the first GET (the header probe) is left out."""
         t0 = time.perf_counter()
-        answer = get_into(pool, url, headers, target, transfer, each)
+        answer = get_into(pool, url, headers, target, transfer)
         if "If-Match" in headers:
             EVENTS.append(("read", t0, time.perf_counter(), len(target)))
         return answer
