@@ -17,7 +17,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -100,29 +99,8 @@ async def test_a_cancelled_start_leaves_the_pool_to_start_again() -> None:
     assert pool._pool is None  # closed
 
 
-# what the subprocess runs as its __main__ (dedented and written to a file by the test)
-_MAIN = """\
-    import pickle
-    import signal
-    import sys
-
-    import anyio
-
-    import ingest.cli  # as the dicom-ingest script does
-    from ingest.dicom.decoders import DecodePool
-
-
-    async def decode(codec, frames):
-        async with DecodePool(2) as pool:
-            return await pool.encapsulated(codec, frames)
-
-
-    if __name__ == "__main__":
-        with open(sys.argv[1], "rb") as f:
-            codec, frames = pickle.load(f)
-        array = anyio.run(decode, codec, frames)
-        print(array.shape, int(array.sum()))
-"""
+# what the subprocess runs as its main module, as a script or with -m
+MAIN = Path(__file__).parent / "data" / "decode_main.txt"
 
 
 @pytest.mark.parametrize("how", ["script", "module"])
@@ -130,7 +108,7 @@ def test_processes_decode_under_a_script_or_a_module_main(how: str, tmp_path: Pa
     codec, frames = _slide_frames()
     expected = decode_encapsulated(codec, frames)
     (tmp_path / "frames.pickle").write_bytes(pickle.dumps((codec, frames)))
-    (tmp_path / "decode_main.py").write_text(textwrap.dedent(_MAIN))
+    (tmp_path / "decode_main.py").write_text(MAIN.read_text())
     main = [str(tmp_path / "decode_main.py")] if how == "script" else ["-m", "decode_main"]
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     done = subprocess.run(

@@ -21,21 +21,19 @@ cryptographic digest.
 from __future__ import annotations
 
 import base64
-import threading
 
 from awscrt.checksums import combine_crc64nvme, crc64nvme
 
+from ingest.fetch.any_order import AnyOrderDigest
 
-class CrcDigest:
+
+class CrcDigest(AnyOrderDigest):
     """The CRC64NVME of an object of ``size`` bytes; ``add`` its bytes once each, in any
     order and from any thread, then ``b64digest``."""
 
     def __init__(self, size: int) -> None:
-        if size < 0:
-            raise ValueError("size must not be negative")
-        self._size = size
+        super().__init__(size)
         self._parts: list[tuple[int, int, int]] = []  # (start, length, crc)
-        self._lock = threading.Lock()
 
     def add(self, start: int, data: memoryview | bytes) -> None:
         """Take bytes ``[start, start + len(data))`` of the object.
@@ -43,11 +41,8 @@ class CrcDigest:
         Raises:
             ValueError: the bytes lie outside the object.
         """
-        view = memoryview(data).cast("B")
-        end = start + len(view)
-        if start < 0 or end > self._size:
-            raise ValueError(f"bytes {start}-{end} are outside an object of {self._size}")
-        if start == end:
+        view = self._inside(start, data)
+        if not view:
             return
         crc: int = crc64nvme(view)
         with self._lock:

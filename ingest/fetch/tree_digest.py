@@ -20,22 +20,20 @@ ranges are in, then joined and hashed.
 from __future__ import annotations
 
 import hashlib
-import threading
+
+from ingest.fetch.any_order import AnyOrderDigest
 
 LEAF_BYTES = 1024 * 1024
 
 
-class TreeDigest:
+class TreeDigest(AnyOrderDigest):
     """The tree hash of an object of ``size`` bytes; ``add`` its bytes once each, in any
     order and from any thread, then ``hexdigest``."""
 
     def __init__(self, size: int) -> None:
-        if size < 0:
-            raise ValueError("size must not be negative")
-        self._size = size
+        super().__init__(size)
         self._leaves: list[bytes | None] = [None] * max(1, -(-size // LEAF_BYTES))
         self._pieces: dict[int, list[tuple[int, bytes]]] = {}
-        self._lock = threading.Lock()
         if size == 0:
             self._leaves[0] = hashlib.sha256(b"").digest()
 
@@ -45,10 +43,8 @@ class TreeDigest:
         Raises:
             ValueError: the bytes lie outside the object, or some were added before.
         """
-        view = memoryview(data).cast("B")
+        view = self._inside(start, data)
         end = start + len(view)
-        if start < 0 or end > self._size:
-            raise ValueError(f"bytes {start}-{end} are outside an object of {self._size}")
         if start == end:
             return
         for leaf in range(start // LEAF_BYTES, -(-end // LEAF_BYTES)):
