@@ -109,7 +109,7 @@ def _bench_parser(commands: Any) -> None:
     add(
         "--workloads", type=_csv_names, default=("ct", "large", "mix"),
         help="ct,large,mix (default); corpus (the mix and samples of many kinds); the decode "
-        "workloads slide,ct-j2k,ct-htj2k,ct-rle",
+        "workloads slide,ct-j2k,ct-htj2k,ct-rle,ct-htj2k-volume,ct-j2k-volume",
     )  # fmt: skip
     add(
         "--readers",
@@ -133,7 +133,7 @@ def _bench_parser(commands: Any) -> None:
         "cpu-pool,nvimgcodec,nvimgcodec-plugin (decode workloads), ours,ours-hook (all)",
     )
     add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each), also "
-        "of the ct-j2k, ct-htj2k and ct-rle series")  # fmt: skip
+        "of the ct-j2k, ct-htj2k and ct-rle series and frames of the volumes")  # fmt: skip
     add("--slide-mb", type=int, default=200, help="MiB of 256x256 JPEG tiles in the slide")
     add(
         "--decode-corpus", type=Path, default=None, metavar="DIR",

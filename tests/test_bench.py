@@ -158,7 +158,8 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
             for key in ("frames_per_s", "decoded_mb_per_s", "cpu_ms_per_frame", "gb_per_s"):
                 assert entry["median"][key] > 0, (workload, name, key)
         assert readers["cpu-pool"]["runs"][0]["processes"] >= 1
-        call = "iter_pixels" if workload == "slide" else "pixel_array"  # multi-frame: per frame
+        multi = workload == "slide" or workload.endswith("-volume")
+        call = "iter_pixels" if multi else "pixel_array"  # multi-frame: per frame
         assert readers["pydicom-loop"]["runs"][0]["pydicom_call"] == call
         assert readers["ours"]["settings"]["sink"] == "s3"
         assert readers["ours-hook"]["hook_chunks"] >= 1
@@ -167,7 +168,11 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
     assert (slide["frames"], slide["frame_bytes"], tile) == (across * down, 256 * 256 * 3, 256)
     assert 0.5e6 < slide["bytes"] < 1.6e6  # about --slide-mb MiB
     series = {w: on_disk["workloads"][w]["frames"] for w in DECODE_WORKLOADS if w != "slide"}
-    assert series == {"ct-j2k": 2, "ct-htj2k": 2, "ct-rle": 2}
+    assert series == {
+        "ct-j2k": 2, "ct-htj2k": 2, "ct-rle": 2, "ct-htj2k-volume": 2, "ct-j2k-volume": 2,
+    }  # fmt: skip
+    for volume in ("ct-htj2k-volume", "ct-j2k-volume"):
+        assert on_disk["workloads"][volume]["objects"] == 1  # the series as one object
     assert on_disk["ratios"] == []  # the fetch ratios: no fetch workload ran
     rows = {(r["workload"], r["mode"]): r for r in on_disk["decode_ratios"]}
     assert set(rows) == {(w, m) for w in DECODE_WORKLOADS for m in ("ours", "ours-hook")}
@@ -175,6 +180,7 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
         assert min(row["ours_over_pydicom_loop"], row["ours_over_cpu_pool"]) > 0, row
     found = {t["target"]: t for t in on_disk["targets"]}
     assert found["decode ct-j2k: ours-hook / cpu-pool"]["goal"] == ">= 2"
+    assert found["decode ct-j2k-volume: ours-hook / cpu-pool"]["goal"] == ">= 2"
     assert found["decode slide: ours-hook / nvimgcodec"]["goal"] == ">= 0.8"
     assert not [t for t in found if t.startswith("decode ct-rle")]  # no device decoder: no goal
     text = output.getvalue()

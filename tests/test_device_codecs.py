@@ -29,6 +29,12 @@ TILE = Codec(JPEG, 256, 256, 3, 8, 8, 0, "YBR_FULL_422", 0, 40, "OB", None, None
         (dataclasses.replace(TILE, rows=100, columns=100), None, "rgb"),  # CPU is faster
         (dataclasses.replace(CT, rows=128, columns=128), None, "unchanged"),
         (dataclasses.replace(CT, transfer_syntax_uid=J2K), None, "unchanged"),  # CPU faster
+        (dataclasses.replace(CT, transfer_syntax_uid=J2K, number_of_frames=31), None, "unchanged"),
+        (  # a volume's frames fill the device's batches
+            dataclasses.replace(CT, transfer_syntax_uid=J2K, number_of_frames=32),
+            "unchanged",
+            "unchanged",
+        ),
         (dataclasses.replace(CT, transfer_syntax_uid=HTJ2K_LOSSY), None, None),
         (dataclasses.replace(TILE, photometric_interpretation="RGB"), None, None),
         (

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydicom.uid import HTJ2KLossless, JPEG2000Lossless
 
-from ingest.embedded.samples_compressed import compressed_samples
+from ingest.embedded.samples_compressed import compressed_ct_volume, compressed_samples
 from ingest.embedded.samples_slide import write_jpeg_slide
 from ingest.embedded.stack import Stack
 from tests import harness
@@ -118,11 +119,14 @@ async def test_every_compressed_syntax_and_a_tiled_slide(
     stack: Stack, tmp_path: Path, part_size: int | None
 ) -> None:
     """One object of every compressed syntax (HTJ2K and JPEG Lossless Process 14 ship in no
-    sample file), and JPEG-tiled slides with a Basic and with an Extended Offset Table:
-    each equal to pydicom's decode, the slide's sidecar giving its total matrix."""
+    sample file), JPEG 2000 and HTJ2K CT volumes (a series as one Enhanced CT object), and
+    JPEG-tiled slides with a Basic and with an Extended Offset Table: each equal to
+    pydicom's decode, the slide's sidecar giving its total matrix."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     objects = dict(compressed_samples(ct_size=128, slide_tiles=(4, 3)))
+    for syntax in (JPEG2000Lossless, HTJ2KLossless):  # a series as one object, many frames
+        objects[f"volume/{syntax}.dcm"] = compressed_ct_volume(syntax, 34, 64, 64)
     for offsets in ("basic", "extended"):
         info = write_jpeg_slide(
             tmp_path / f"{offsets}.dcm", tiles_across=9, tiles_down=7, tile=64, offsets=offsets

@@ -22,6 +22,7 @@ from pydicom.uid import (
     JPEG2000MC,
     HTJ2KLossless,
     HTJ2KLosslessRPCL,
+    JPEG2000Lossless,
     JPEG2000MCLossless,
     JPEG2000TransferSyntaxes,
     JPEGBaseline8Bit,
@@ -39,9 +40,11 @@ from ingest.embedded.samples_compressed import (
     LOSSLESS_SYNTAXES,
     compressed_ct,
     compressed_ct_series,
+    compressed_ct_volume,
     compressed_samples,
     ct_pixels,
     jpeg_baseline,
+    write_ct_volume,
 )
 from ingest.embedded.samples_slide import (
     WSI_STORAGE,
@@ -130,6 +133,30 @@ def test_ct_series_and_what_cannot_be_written() -> None:
     assert {*CT_SYNTAXES, JPEGBaseline8Bit} == _DECODED  # every one, CT or capture
     with pytest.raises(ValueError, match="no encoder here"):
         compressed_ct(JPEG2000MCLossless, rows=16, columns=16)
+
+
+@pytest.mark.parametrize("syntax", [JPEG2000Lossless, HTJ2KLossless])
+def test_a_ct_volume_is_its_slices_as_frames(syntax: str) -> None:
+    ds = read(compressed_ct_volume(syntax, 7, rows=48, columns=32, distinct=3))
+    assert (ds.SOPClassUID, ds.NumberOfFrames, ds.file_meta.TransferSyntaxUID) == (
+        "1.2.840.10008.5.1.4.1.1.2.1", 7, syntax,
+    )  # fmt: skip
+    shared = ds.SharedFunctionalGroupsSequence[0].PixelValueTransformationSequence[0]
+    assert (shared.RescaleIntercept, shared.RescaleSlope) == (-1024, 1)
+    positions = [g.PlanePositionSequence[0].ImagePositionPatient[2]
+                 for g in ds.PerFrameFunctionalGroupsSequence]  # fmt: skip
+    assert positions == [-1.25 * k for k in range(7)]
+    assert len(parse_basic_offsets(ds.PixelData)) == 7
+    pixels = pixel_array(ds)
+    for k in range(7):
+        assert np.array_equal(pixels[k], ct_pixels(k % 3, 48, 32)), k
+
+
+def test_a_ct_volume_needs_lossless_frames() -> None:
+    with pytest.raises(ValueError, match="lossless"):
+        write_ct_volume(BytesIO(), JPEG2000, [b"x"])
+    with pytest.raises(ValueError, match="lossless"):
+        write_ct_volume(BytesIO(), HTJ2KLossless, [])
 
 
 def test_codestreams_are_what_their_syntax_says() -> None:
@@ -298,3 +325,13 @@ def test_the_device_test_slices_are_what_the_writer_writes(syntax: str) -> None:
 
     path = Path(__file__).parent / "data" / "compressed" / f"ct-{COMPRESSED[syntax]}.dcm"
     assert path.read_bytes() == compressed_ct(syntax, index=3, rows=128, columns=96)
+
+
+@pytest.mark.parametrize("syntax", [JPEG2000Lossless, HTJ2KLossless])
+def test_the_device_volume_slices_are_what_the_writer_writes(syntax: str) -> None:
+    """``tests/data/volume``: 256 x 256 slices (large enough for the device's decoder),
+    whose codestreams the device's worker test makes volumes of."""
+    from ingest.dicom.syntaxes import COMPRESSED
+
+    path = Path(__file__).parent / "data" / "volume" / f"ct-{COMPRESSED[syntax]}-256.dcm"
+    assert path.read_bytes() == compressed_ct(syntax, index=3, rows=256, columns=256)

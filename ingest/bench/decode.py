@@ -45,6 +45,8 @@ DECODE_GOALS: dict[str, dict[str, float]] = {
     "slide": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},
     "ct-htj2k": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},
     "ct-j2k": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 2.0},
+    "ct-htj2k-volume": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},
+    "ct-j2k-volume": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 2.0},
 }
 GOAL_MODE = "ours-hook"
 GROUP_BYTES = 8 * 1024 * 1024  # decoded bytes of one task, as the worker's groups
@@ -321,8 +323,9 @@ def _with_goal(value: float | None, goal: float | None, judged: bool) -> str:
 
 
 METHOD = (
-    "decode workloads (slide, ct-j2k, ct-htj2k, ct-rle): frames/s and decoded MB/s (the bytes "
-    "pixel_array returns) over each run's seconds; pydicom-loop: one thread, dcmread of each "
+    "decode workloads (slide, ct-j2k, ct-htj2k, ct-rle, ct-htj2k-volume, ct-j2k-volume): "
+    "frames/s and decoded MB/s (the bytes pixel_array returns) over each run's seconds; "
+    "pydicom-loop: one thread, dcmread of each "
     "object's local file + pixel_array (pydicom's first available plugin), a multi-frame "
     "object's frames one at a time through pydicom.pixels.iter_pixels; cpu-pool: "
     "ingest.dicom.codec.decode_encapsulated over frames split out beforehand and held in "

@@ -8,7 +8,8 @@ each workload (``ct``, ``large``, ``mix``) it runs, in order: the ceilings
 real worker through the broker, S3 sink on) and ``ours-hook`` (sink off, arrays
 handed to a no-op user hook on the device), each with one warm-up pass that is
 discarded and ``repeats`` measured passes; for each decode workload (``slide``,
-``ct-j2k``, ``ct-htj2k``, ``ct-rle``: compressed frames; ``--decode-corpus DIR``:
+``ct-j2k``, ``ct-htj2k``, ``ct-rle``, and ``ct-htj2k-volume``, ``ct-j2k-volume`` (a
+series as one multi-frame object): compressed frames; ``--decode-corpus DIR``:
 written beforehand) ``pydicom-loop``, ``cpu-pool``, ``nvimgcodec``,
 ``nvimgcodec-plugin`` (GPU only), ``ours`` and ``ours-hook`` the same way, with
 frames/s (``decode``); with ``--processes LIST``, for each N, ``ours-hook-pN`` and

@@ -33,6 +33,8 @@ DECODE_WORKLOADS = {
     "ct-j2k": "1.2.840.10008.1.2.4.90",  # JPEG 2000 Lossless CT series
     "ct-htj2k": "1.2.840.10008.1.2.4.201",  # HTJ2K Lossless CT series
     "ct-rle": "1.2.840.10008.1.2.5",  # RLE Lossless CT series
+    "ct-htj2k-volume": "1.2.840.10008.1.2.4.201",  # the HTJ2K series as one Enhanced CT
+    "ct-j2k-volume": "1.2.840.10008.1.2.4.90",  # the JPEG 2000 series as one Enhanced CT
 }
 
 

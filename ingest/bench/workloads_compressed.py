@@ -5,7 +5,11 @@
   ``write_jpeg_slide`` (never held whole) and uploaded by multipart upload;
 - ``ct-j2k``, ``ct-htj2k``, ``ct-rle``: ``--ct`` CT slices (512 x 512, 12 bits
   stored in 16, signed) in JPEG 2000 Lossless, HTJ2K Lossless and RLE Lossless
-  (``compressed_ct_series``), one object and one frame each.
+  (``compressed_ct_series``), one object and one frame each;
+- ``ct-htj2k-volume``, ``ct-j2k-volume``: the same series of ``--ct`` slices as one
+  Enhanced CT object, a frame a slice (``write_ct_volume``), as scanners that write
+  multi-frame objects store a series: the frames are the codestreams of the
+  series' slices, written here or taken from the corpus.
 
 Each object is also kept as a file (``Workload.files``): the references that decode
 without fetching (``pydicom-loop``, ``cpu-pool``, ``nvimgcodec``, ``nvimgcodec-plugin``)
@@ -44,7 +48,9 @@ from ingest.bench.workloads import (
 
 SLIDE_TILE = 256
 CT_SIZE = 512
-SERIES = tuple(n for n in DECODE_WORKLOADS if n != "slide")
+# A volume (one multi-frame object) takes its frames from the slices of its series
+VOLUMES = {"ct-htj2k-volume": "ct-htj2k", "ct-j2k-volume": "ct-j2k"}
+SERIES = tuple(n for n in DECODE_WORKLOADS if n != "slide" and n not in VOLUMES)
 # The writer's default slices a series: 512 x 512 slices take 180 (J2K), 190 (HTJ2K) and
 # 230 KB (RLE), so 12 of each make ~7.2 MB, small enough to carry to the device
 CORPUS_SLICES = 12
@@ -195,6 +201,42 @@ def _series(
     )  # fmt: skip
 
 
+def _volume(
+    target: S3Target, client: Any, name: str, count: int, tmpdir: Path, corpus: Path | None,
+    progress: Callable[[str], None],
+) -> Workload:  # fmt: skip
+    """The series ``VOLUMES[name]`` as one Enhanced CT object of ``count`` frames: its
+    slices' codestreams in turn (from the corpus, or ``CORPUS_SLICES`` encoded here)."""
+    from ingest.bench.decode import _frames_of
+    from ingest.embedded.samples_compressed import write_ct_volume
+
+    series, syntax = VOLUMES[name], DECODE_WORKLOADS[name]
+    if corpus is None:
+        progress(f"encoding {min(count, CORPUS_SLICES)} CT slices for {name}")
+        slices = _generated_series(series, min(count, CORPUS_SLICES), tmpdir / series)
+        source: Any = "generated"
+    else:
+        slices = corpus_files(corpus, series)
+        if not slices:
+            raise ValueError(f"{name}: no {corpus / series}/*.dcm in the decode corpus; "
+                             f"write it with {WRITE_HINT}")  # fmt: skip
+        source = {"corpus": str(corpus / series), "distinct_slices": len(slices)}
+    distinct = [b"".join(_frames_of(path)[1]) for path in slices]
+    path = tmpdir / name / f"volume-{count}.dcm"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fp:
+        table = write_ct_volume(fp, syntax, [distinct[i % len(distinct)] for i in range(count)])
+    progress(f"uploading {name} ({path.stat().st_size / 1e6:.0f} MB, {count} frames)")
+    key = f"bench/{name}/{path.name}"
+    size = upload_file_multipart(client, target.source_bucket, key, path)
+    return Workload(
+        name, (BenchObject(key, size),), frames=count, frame_bytes=CT_SIZE * CT_SIZE * 2,
+        files=(path,), syntax=syntax,
+        info=(("source", source), ("offset_table", table),
+              ("pydicom_plugins", pydicom_plugins(syntax))),
+    )  # fmt: skip
+
+
 def prepare_decode_workloads(
     target: S3Target,
     names: list[str],
@@ -220,6 +262,8 @@ def prepare_decode_workloads(
         for name in names:
             if name == "slide":
                 out[name] = _slide(target, client, slide_mb, tmpdir, corpus, progress)
+            elif name in VOLUMES:
+                out[name] = _volume(target, client, name, ct_count, tmpdir, corpus, progress)
             elif name in DECODE_WORKLOADS:
                 out[name] = _series(target, client, name, ct_count, tmpdir, corpus, progress)
     finally:
@@ -238,7 +282,7 @@ def write_corpus(
         ValueError: an unknown workload; an encoder not installed here.
         OSError: the folder cannot be written.
     """
-    unknown = [n for n in names if n not in DECODE_WORKLOADS]
+    unknown = [n for n in names if n not in DECODE_WORKLOADS or n in VOLUMES]
     if unknown or count < 1:
         raise ValueError(f"--write: decode workloads {', '.join(SERIES)} and --ct >= 1")
     wanted = [n for n in names if n != "slide"] + (["slide"] if slide_mb > 0 else [])

@@ -20,9 +20,13 @@ pydicom's and this project's compressed samples:
   128 x 96 slice nvImageCodec's result was 25.8 dB from openjpeg's, under the
   40 dB bound.
 - JPEG 2000 (Part 1) decodes on the device exactly as on the CPU, but nvJPEG2000
-  runs much of it on host threads: the worker took 88 CT slices a second
-  decoding them on the device and 162 on its CPU processes (H100, 16 cores;
-  docs/benchmarks.md), so it stays on the CPU.
+  is fast only over large batches (nvImageCodec's batched call: 686 CT slices a
+  second against 79 one frame a call, H100). Single-frame objects reach the
+  device a few at a time (the worker took 88 CT slices a second decoding them
+  there and 162 on its CPU processes, H100, 16 cores; docs/benchmarks.md), so
+  they stay on the CPU; an object of ``MIN_DEVICE_J2K_FRAMES`` frames or more
+  (an Enhanced CT series, a slide) fills batches of its own and goes to the
+  device.
 
 Palette colour and the Modality LUT Sequence are table look-ups pydicom applies
 after decoding: those objects stay on the CPU path. The device output is the
@@ -43,8 +47,9 @@ HTJ2K_LOSSLESS: Final = frozenset({"1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2
 J2K_PART1: Final = frozenset({"1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91"})
 # where nvImageCodec's result is pydicom's (exact, or within the lossy bound)
 MATCHING_SYNTAXES: Final = frozenset({JPEG_BASELINE, *HTJ2K_LOSSLESS, *J2K_PART1})
-# what the worker sends to the device: those, less what the CPU does faster
-DEVICE_SYNTAXES: Final = MATCHING_SYNTAXES - J2K_PART1
+# what the worker sends to the device: those, JPEG 2000 only in objects of many frames
+DEVICE_SYNTAXES: Final = MATCHING_SYNTAXES
+MIN_DEVICE_J2K_FRAMES: Final = 32
 _MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
 # Smaller frames decode faster on the CPU processes: the GPU (batches of 64) is ahead of
 # 16 processes from 128 x 128 for JPEG colour tiles, from 256 x 256 for JPEG
@@ -55,8 +60,11 @@ MIN_DEVICE_PIXELS: Final = 256 * 256
 
 def device_colour(codec: Codec) -> Colour | None:
     """The conversion the device applies to ``codec``'s frames, or None: CPU only (a
-    syntax in ``DEVICE_SYNTAXES``, frames of at least ``MIN_DEVICE_PIXELS``)."""
+    syntax in ``DEVICE_SYNTAXES``, frames of at least ``MIN_DEVICE_PIXELS``, JPEG 2000
+    in objects of at least ``MIN_DEVICE_J2K_FRAMES``)."""
     if codec.transfer_syntax_uid not in DEVICE_SYNTAXES:
+        return None
+    if codec.transfer_syntax_uid in J2K_PART1 and codec.number_of_frames < MIN_DEVICE_J2K_FRAMES:
         return None
     colour = matching_colour(codec)
     jpeg_colour = codec.transfer_syntax_uid == JPEG_BASELINE and colour == "rgb"

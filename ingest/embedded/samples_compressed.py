@@ -15,7 +15,8 @@ The header goes through pydicom and the fragments through
 from __future__ import annotations
 
 import io
-from typing import Any, Final, Literal
+from collections.abc import Sequence
+from typing import Any, BinaryIO, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -92,6 +93,7 @@ _LOSSY_METHOD: Final[dict[str, str]] = {
     HTJ2K: "ISO_15444_15",
 }
 _CT_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.2"
+_ENHANCED_CT_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.2.1"
 _SC_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.7"
 
 
@@ -216,6 +218,69 @@ def compressed_ct_series(
         (f"ct-{name}/slice-{index + 1:04d}.dcm", compressed_ct(syntax, index, rows, columns))
         for index in range(count)
     ]
+
+
+def write_ct_volume(
+    fp: BinaryIO, syntax: str, codestreams: Sequence[bytes], rows: int = 512, columns: int = 512
+) -> str:
+    """A CT series as one Enhanced CT object: ``codestreams`` (lossless ``syntax``
+    frames of ``compressed_ct``'s slices) as its frames, in order, written to ``fp``
+    with an offset table (``write_fragments``' ``auto``). The Modality LUT is shared
+    (Pixel Value Transformation, intercept -1024, as the slices'); each frame has its
+    own Frame Content and Plane Position, as a scanner writes them. Returns the table
+    written.
+
+    Raises:
+        ValueError: no codestream, or ``syntax`` not a lossless one of ``CT_SYNTAXES``.
+    """
+    if syntax not in LOSSLESS_SYNTAXES or not codestreams:
+        raise ValueError("a CT volume takes one or more lossless codestreams")
+    key = ("ct-volume", syntax, rows, columns, len(codestreams))
+    ds = base_dataset(_ENHANCED_CT_STORAGE, uid(*key, "sop"), "CT", uid(*key, "study"),
+                      uid(*key, "series"))  # fmt: skip
+    ds.ImageType = ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"]
+    ds.InstanceNumber = 1
+    ds.NumberOfFrames = len(codestreams)
+    image_pixel(ds, rows, columns, (16, 12), signed=True)
+    shared, measures, transformation, voi = Dataset(), Dataset(), Dataset(), Dataset()
+    measures.PixelSpacing, measures.SliceThickness = ["0.7", "0.7"], "1.25"
+    transformation.RescaleIntercept, transformation.RescaleSlope = "-1024", "1"
+    transformation.RescaleType = "HU"
+    voi.WindowCenter, voi.WindowWidth = "40", "400"
+    shared.PixelMeasuresSequence = [measures]
+    shared.PixelValueTransformationSequence = [transformation]
+    shared.FrameVOILUTSequence = [voi]
+    ds.SharedFunctionalGroupsSequence = [shared]
+    groups = []
+    for index in range(len(codestreams)):
+        group, content, position = Dataset(), Dataset(), Dataset()
+        content.InStackPositionNumber = index + 1
+        position.ImagePositionPatient = ["-179.2", "-179.2", f"{-1.25 * index:.2f}"]
+        group.FrameContentSequence, group.PlanePositionSequence = [content], [position]
+        groups.append(group)
+    ds.PerFrameFunctionalGroupsSequence = groups
+    ds.file_meta.TransferSyntaxUID = UID(syntax)
+    lengths = np.array([len(c) for c in codestreams], dtype=np.int64)
+    return write_fragments(fp, ds, codestreams, lengths)
+
+
+def compressed_ct_volume(
+    syntax: str, frames: int, rows: int = 512, columns: int = 512, distinct: int = 4
+) -> bytes:
+    """A CT volume (``write_ct_volume``) of ``frames`` frames: the codestreams of
+    ``compressed_ct``'s first ``distinct`` slices in turn, so frame ``k`` decodes to
+    ``ct_pixels(k % distinct, rows, columns)``."""
+    from pydicom import dcmread
+    from pydicom.encaps import get_frame
+
+    codestreams = []
+    for index in range(min(frames, distinct)):
+        ds = dcmread(io.BytesIO(compressed_ct(syntax, index, rows, columns)))
+        codestreams.append(get_frame(ds.PixelData, 0, number_of_frames=1))
+    out = io.BytesIO()
+    write_ct_volume(out, syntax, [codestreams[k % len(codestreams)] for k in range(frames)],
+                    rows, columns)  # fmt: skip
+    return out.getvalue()
 
 
 def jpeg_baseline(
