@@ -309,26 +309,45 @@ def _worker_command(args: argparse.Namespace) -> int:
             settings, args.processes, gpus, dict(os.environ), args.config, os.getpid()
         )
         return _run(run_supervisor, specs, settings.shutdown_deadline_s)
-    device_environment(gpus, os.environ)
+    device_environment(gpus, os.environ, device_decodes(settings))
     if args.parent_pid is not None:
         # Siblings share the parent's stderr: every line says whose it is.
         structlog.contextvars.bind_contextvars(worker=settings.worker_id)
     return _run(_worker, settings)
 
 
-def device_environment(gpus: Sequence[str], environ: MutableMapping[str, str]) -> None:
+def device_environment(
+    gpus: Sequence[str], environ: MutableMapping[str, str], decodes: bool
+) -> None:
     """The CUDA variables of a worker process, set before anything initialises CUDA
     (the device thread does, later).
 
     - ``CUDA_VISIBLE_DEVICES``: the first of ``--gpus``, where given.
-    - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` unless set: the worker queues all its device
-      work on one stream, so one hardware queue to the GPU is all it uses, and the
-      driver's default of 8 holds 46 MiB more of host memory. A hook that runs work
-      on streams of its own may want them back: set the variable and it is left alone.
+    - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` unless set, when the device does not decode
+      (``decodes``): the worker then queues all its device work on one stream, so one
+      hardware queue to the GPU is all it uses, and the driver's default of 8 holds
+      46 MiB more of host memory. nvImageCodec's decoders run on streams of their
+      own: on one queue they wait for each other (JPEG 2000 and HTJ2K decode 5-6
+      times slower, docs/benchmarks.md), so a worker that decodes keeps the
+      default. A hook that runs work on streams of its own may want them back too:
+      set the variable and it is left alone.
     """
     if gpus:
         environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
-    environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    if not decodes:
+        environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+
+
+def device_decodes(settings: Settings) -> bool:
+    """The worker may decode frames on the device: not the CPU backend, ``gpu_decode=auto``
+    and nvImageCodec installed (``gpu.decode.nvimgcodec_unavailable_reason``, looked up
+    here without importing ``gpu``: NumPy's import would delay the group's join)."""
+    if settings.device == "cpu" or settings.gpu_decode == "off":
+        return False
+    try:
+        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 async def _worker(settings: Settings) -> int:

@@ -9,6 +9,7 @@ check everything the run left behind with ``tests.chaos.check_consistency``.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ import anyio
 import pytest
 import structlog
 
-from ingest.cli import device_environment, main
+from ingest.cli import device_decodes, device_environment, main
 from ingest.embedded.samples import synthetic_ct_series
 from ingest.embedded.stack import Stack, create_topics
 from ingest.errors import ConfigError
@@ -137,11 +138,38 @@ def test_parse_gpus() -> None:
 
 def test_device_environment_takes_the_first_gpu_and_one_connection_unless_set() -> None:
     env: dict[str, str] = {}
-    device_environment(("3", "5"), env)
+    device_environment(("3", "5"), env, decodes=False)
     assert env == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     chosen = {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
-    device_environment((), chosen)  # no --gpus, the user's connections: both left alone
+    device_environment((), chosen, decodes=False)  # no --gpus, the user's: both left alone
     assert chosen == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    decoding: dict[str, str] = {}
+    device_environment(("2",), decoding, decodes=True)  # nvImageCodec's own streams
+    assert decoding == {"CUDA_VISIBLE_DEVICES": "2"}
+
+
+@pytest.mark.parametrize(
+    ("device", "gpu_decode", "installed", "decodes"),
+    [
+        ("auto", "auto", True, True),
+        ("cuda", "auto", True, True),
+        ("cpu", "auto", True, False),
+        ("cuda", "off", True, False),
+        ("cuda", "auto", False, False),
+    ],
+)
+def test_a_worker_that_may_decode_on_the_device_keeps_the_connections(
+    monkeypatch: pytest.MonkeyPatch, device: str, gpu_decode: str, installed: bool, decodes: bool
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name == "nvidia.nvimgcodec":
+            return real("json") if installed else None  # any spec stands for "installed"
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert device_decodes(_settings(device=device, gpu_decode=gpu_decode)) is decodes
 
 
 def test_restart_backoff_is_capped_and_resets_after_a_stable_run() -> None:
