@@ -12,7 +12,9 @@ out of the ring until its frames are decoded: each view holds a reference on it
 (``_SlotRefs``) until its group's step is done, and the group's device job holds
 one more until the device thread has read the frames (its ``on_consumed``), since
 a cancelled step may leave its job behind on the device. A frame split across two
-ranges, and every frame the CPU decodes, is copied.
+ranges, and every frame the CPU decodes, is copied; so are the frames a range
+leaves over for the next group (fewer than a group), since a slot they held would
+wait on reads that may need it (a group larger than the ring's free slots hung).
 """
 
 from __future__ import annotations
@@ -87,6 +89,19 @@ async def decode_streamed(
         frames = named(header, splitter.feed, view)
         return frames, parsed_for_device(frames)
 
+    def detach(
+        frames: list[Frame], codestreams: list[Parsed | DeviceDecodeError]
+    ) -> tuple[list[Frame], list[Parsed | DeviceDecodeError]]:
+        """``frames`` copied out of their slots, parsed again over the copies (a parsed
+        codestream reads the bytes it was made from); a frame already copied is kept."""
+        viewed = [k for k, frame in enumerate(frames) if isinstance(frame, memoryview)]
+        copies, reparsed = list(frames), list(codestreams)
+        for k in viewed:
+            copies[k] = bytes(frames[k])
+        for k, again in zip(viewed, parsed_for_device([copies[k] for k in viewed]), strict=True):
+            reparsed[k] = again
+        return copies, reparsed
+
     async def hash_part(start: int, view: memoryview) -> None:
         await anyio.to_thread.run_sync(hasher.update, start, view)
 
@@ -138,6 +153,10 @@ async def decode_streamed(
                     slot.release()
                 index += 1
                 await flush(per)
+                if any(owners):  # the frames left for the next group keep no slot
+                    pending, parsed = await anyio.to_thread.run_sync(detach, pending, parsed)
+                    refs.give_back(Counter(slot for slot in owners if slot is not None))
+                    owners = [None] * len(pending)
         last = named(header, splitter.finish)
         pending.extend(last)
         parsed.extend(parsed_for_device(last))
