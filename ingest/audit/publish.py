@@ -1,14 +1,20 @@
 """Sealing audit records in order and producing them to the audit topic.
 
-Records are sealed (chained and encrypted) and handed to the producer under
-one lock, so the order of the chain is the order of the topic. The message
-key is the worker id: one worker's chain lives in one partition, in the order
-it was sealed. ``record`` returns once the record is acknowledged: by the
-broker, or, when the topic does not answer within ``audit_ack_timeout_s`` and
-a spool is configured, by the local spool (``spool.py``), from which ``run``
-forwards it later, in order. Only then may the worker commit the offset.
+Records are sealed (chained and encrypted) in order under one lock and queued;
+the queue goes to the producer a group at a time, the next group only once the
+last is acknowledged, so the order of the chain is the order of the topic, and a
+record that the topic refuses goes to the spool with everything after it. The
+records sealed while a group is on its way make the next group (a group commit):
+many objects' records share one round trip to the broker, where one record a
+round trip held every object in the worker behind the last one's acknowledgement
+(one process then finished at most one object a round trip). The message key is
+the worker id: one worker's chain lives in one partition, in the order it was
+sealed. ``record`` returns once the record is acknowledged: by the broker, or,
+when the topic does not answer within ``audit_ack_timeout_s`` and a spool is
+configured, by the local spool (``spool.py``), from which ``run`` forwards it
+later, in order. Only then may the worker commit the offset.
 
-Under the same lock the publisher rotates data keys (``keys.py``: after
+Under the sealing lock the publisher rotates data keys (``keys.py``: after
 ``audit_rotate_records`` records or ``audit_rotate_s`` seconds) and signs
 digests of the chain head (``digest.py``: every ``audit_digest_records``
 records, every ``audit_digest_s`` seconds from ``run``, and at stop). A
@@ -67,8 +73,11 @@ class AuditPublisher:
         self._publisher = publisher
         self._topic = topic
         self._key = worker_id.encode()
-        self._lock = anyio.Lock()
-        self._unsent: list[bytes] = []  # a signed digest the topic did not take: sent first
+        self._seal_lock = anyio.Lock()  # the chain's order
+        self._send_lock = anyio.Lock()  # one group on its way at a time
+        self._queued: list[bytes] = []  # sealed, not yet acknowledged, in chain order
+        self._queued_total = 0  # messages ever queued
+        self._acked_total = 0  # of those, acknowledged (by the topic or the spool)
         self._keys = keys
         self._signer = signer
         self._spool = spool
@@ -89,33 +98,53 @@ class AuditPublisher:
         return self._spool is not None and self._spool.paused
 
     async def record(self, event: AuditEvent) -> None:
-        """Seal and send under the lock, then wait for the acknowledgement.
+        """Seal the record in order, then wait until its group is acknowledged.
 
         Raises:
-            BrokerRejected: the broker refused the record for good.
+            BrokerRejected: the broker refused the record for good (it stays queued,
+                first in the next group).
             KeyServiceError: no data key could be had for a rotation.
         """
-        async with self._lock:
+        async with self._seal_lock:
             if self._keys is not None and self._trail.needs_key(*self._rotate, time.monotonic()):
                 ctx = context(self._trail.worker, self._trail.trail)
                 self._trail.install(await self._keys.new_data_key(ctx))
                 self.rotations += 1
-            messages = [*self._unsent, self._trail.seal(event)]
+            through = self._queue(self._trail.seal(event))
             if self._signer is not None:
                 uncovered = self._trail.next_seq - self._signer.covered
                 if uncovered >= self._digest_every[0]:
-                    messages.append(self._sign())
-            await self._send_all(messages)
-            self._unsent.clear()
+                    through = self._queue(self._sign())
+        await self._flush(through)
 
     async def digest(self) -> None:
-        """Sign the chain head now, if records came since the last digest."""
-        async with self._lock:
+        """Sign the chain head now, if records came since the last digest, and send what
+        is queued."""
+        async with self._seal_lock:
             if self._signer is not None and self._trail.next_seq > self._signer.covered:
-                self._unsent.append(self._sign())
-            if self._unsent:
-                await self._send_all(list(self._unsent))
-                self._unsent.clear()
+                self._queue(self._sign())
+            through = self._queued_total
+        await self._flush(through)
+
+    def _queue(self, message: bytes) -> int:
+        """Queue a sealed message; returns how many were ever queued, it included."""
+        self._queued.append(message)
+        self._queued_total += 1
+        return self._queued_total
+
+    async def _flush(self, through: int) -> None:
+        """Send the queue a group at a time until the ``through``-th message ever queued
+        is acknowledged. A group that fails is queued again, first, and the error raised."""
+        async with self._send_lock:
+            if self._acked_total >= through:
+                return  # an earlier group carried it
+            group, self._queued = self._queued, []
+            try:
+                await self._send_all(group)
+            except BaseException:
+                self._queued[:0] = group
+                raise
+            self._acked_total += len(group)
 
     def _sign(self) -> bytes:
         assert self._signer is not None
@@ -123,7 +152,7 @@ class AuditPublisher:
         return self._signer.sign(last_seq, chain_head, envelope_head, _now())
 
     async def _send_all(self, messages: list[bytes]) -> None:
-        """Hand every message over in order (called under the lock) and wait for each."""
+        """Hand every message over in order (under the send lock) and wait for each."""
         if self._spool is not None and len(self._spool):
             for message in messages:  # behind what waits already: the topic keeps the order
                 await self._spool.append(message)
