@@ -19,12 +19,12 @@ import structlog
 
 from ingest.audit.digest import write_signing_key
 from ingest.audit.keys import LocalKeyring, context, write_keyring
-from ingest.audit.publish import AuditPublisher
+from ingest.audit.publish import MAX_GROUP, AuditPublisher
 from ingest.audit.records import AuditEvent, AuditTrail, open_envelope, verify_chain
 from ingest.audit.store import Stored, write_export
 from ingest.audit.verify import object_records, unwrap_all, verify_trail
 from ingest.cli import main
-from ingest.errors import ConfigError
+from ingest.errors import BrokerRejected, ConfigError
 from ingest.settings import load_settings
 
 pytestmark = pytest.mark.anyio
@@ -62,6 +62,59 @@ class MemoryPublisher:
 
     async def confirm(self, delivery: Any, topic: str, value: bytes, key: bytes | None) -> None:
         await delivery
+
+
+class RoundTripPublisher(MemoryPublisher):
+    """Acknowledges a message a round trip (1 ms) after it is enqueued, counts how many
+    are unacknowledged at once, and refuses the first confirmation when told to."""
+
+    def __init__(self, refuse_first: bool = False) -> None:
+        super().__init__()
+        self.outstanding = self.most_outstanding = 0
+        self.refuse = refuse_first
+
+    async def enqueue(self, topic: str, value: bytes, key: bytes | None) -> asyncio.Future[Any]:
+        await super().enqueue(topic, value, key)  # kept in order; acknowledged below
+        self.outstanding += 1
+        self.most_outstanding = max(self.most_outstanding, self.outstanding)
+        acked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.001, acked.set_result, None)
+        return acked
+
+    async def confirm(self, delivery: Any, topic: str, value: bytes, key: bytes | None) -> None:
+        await delivery
+        self.outstanding -= 1
+        if self.refuse:
+            self.refuse = False
+            raise BrokerRejected("refused once")
+
+
+async def test_records_of_many_objects_share_a_round_trip_in_chain_order() -> None:
+    publisher = RoundTripPublisher()
+    audit = AuditPublisher(AuditTrail(KEY, "k1", "w1"), publisher, "audit", "w1")  # type: ignore[arg-type]
+    async with anyio.create_task_group() as group:
+        for i in range(40):
+            group.start_soon(audit.record, OK if i % 2 else DEAD)
+    assert len(publisher.messages) == 40
+    assert 1 < publisher.most_outstanding <= MAX_GROUP  # groups, not one a round trip
+    report = verify_trail(publisher.messages, keys={"k1": KEY})
+    assert report.ok, report.findings
+    seqs = [r["seq"] for r in report.records]
+    assert seqs == sorted(seqs) == list(range(40))  # the topic's order is the chain's
+
+
+async def test_a_refused_group_stays_queued_and_goes_first_in_the_next() -> None:
+    publisher = RoundTripPublisher(refuse_first=True)
+    audit = AuditPublisher(AuditTrail(KEY, "k1", "w1"), publisher, "audit", "w1")  # type: ignore[arg-type]
+    with pytest.raises(BrokerRejected):
+        await audit.record(OK)
+    await audit.record(DEAD)
+    # the first record twice (sent, refused, sent again first), then the second
+    assert len(publisher.messages) == 3
+    assert publisher.messages[0] == publisher.messages[1]
+    report = verify_trail(publisher.messages, keys={"k1": KEY})
+    assert report.ok, report.findings  # an identical copy is a duplicate, not a finding
+    assert [r["seq"] for r in report.records] == [0, 1]  # the copy counted once
 
 
 def cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:

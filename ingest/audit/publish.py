@@ -44,6 +44,9 @@ from ingest.source.kafka import Publisher, make_producer
 
 log = structlog.get_logger("dicom_ingest.audit")
 STOP_TIMEOUT_S = 10.0
+# Messages a group at most: about one producer batch of sealed records (16 KiB), so a
+# group does not wait on the producer's own batches while the results wait behind it
+MAX_GROUP = 16
 
 
 def _now() -> str:
@@ -133,18 +136,15 @@ class AuditPublisher:
         return self._queued_total
 
     async def _flush(self, through: int) -> None:
-        """Send the queue a group at a time until the ``through``-th message ever queued
-        is acknowledged. A group that fails is queued again, first, and the error raised."""
+        """Send the queue in order, ``MAX_GROUP`` messages a group, until the
+        ``through``-th message ever queued is acknowledged. A group that fails stays
+        queued, first, and the error is raised."""
         async with self._send_lock:
-            if self._acked_total >= through:
-                return  # an earlier group carried it
-            group, self._queued = self._queued, []
-            try:
+            while self._acked_total < through:
+                group = self._queued[:MAX_GROUP]
                 await self._send_all(group)
-            except BaseException:
-                self._queued[:0] = group
-                raise
-            self._acked_total += len(group)
+                del self._queued[: len(group)]
+                self._acked_total += len(group)
 
     def _sign(self) -> bytes:
         assert self._signer is not None
