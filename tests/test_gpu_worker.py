@@ -8,19 +8,16 @@ The CPU run of the same corpus is checked against the same reference in
 from __future__ import annotations
 
 import uuid
-from io import BytesIO
 from pathlib import Path
 
 import numpy as np
 import pytest
-from pydicom import dcmread
-from pydicom.encaps import get_frame
 
 from gpu.decode import nvimgcodec_unavailable_reason
 from gpu.thread import cuda_unavailable_reason
 from ingest.dicom.device_codecs import MIN_DEVICE_J2K_FRAMES
 from ingest.embedded.samples import EXAMPLES_DECODED, example_bytes
-from ingest.embedded.samples_compressed import write_ct_volume
+from ingest.embedded.samples_compressed import ct_volume
 from ingest.embedded.samples_slide import write_jpeg_slide
 from ingest.embedded.stack import Stack
 from tests import harness
@@ -85,16 +82,6 @@ async def test_gpu_outputs_equal_the_reference(
     assert {r["backend"] for r in results} == {"cuda"}
 
 
-def _volume(name: str, frames: int) -> bytes:
-    """A CT volume of ``frames`` frames, each the codestream of ``tests/data/volume``'s
-    slice ``name`` (written where the encoders are; the device machine lacks HTJ2K's)."""
-    ds = dcmread(DATA / f"{name}.dcm")
-    frame = get_frame(ds.PixelData, 0, number_of_frames=1)
-    out = BytesIO()
-    write_ct_volume(out, ds.file_meta.TransferSyntaxUID, [frame] * frames, ds.Rows, ds.Columns)
-    return out.getvalue()
-
-
 @pytest.mark.parametrize(
     ("part", "gpu_decode"),
     [(64 * 1024, "auto"), (8 << 20, "auto"), (8 << 20, "off")],
@@ -113,7 +100,8 @@ async def test_gpu_decoded_objects_equal_the_reference(
     write_jpeg_slide(tmp_path / "slide.dcm", tiles_across=9, tiles_down=7)  # 3 groups
     objects["slide/jpeg.dcm"] = (tmp_path / "slide.dcm").read_bytes()
     for name in ("ct-jpeg2000-lossless-256", "ct-htj2k-lossless-256"):  # J2K: from 32 frames
-        objects[f"volume/{name}.dcm"] = _volume(name, MIN_DEVICE_J2K_FRAMES + 2)
+        slice_ = (DATA / f"{name}.dcm").read_bytes()  # the device lacks HTJ2K's encoder
+        objects[f"volume/{name}.dcm"] = ct_volume([slice_], MIN_DEVICE_J2K_FRAMES + 2)
     await harness.upload(stack, names.source_bucket, objects.items())
     await harness.publish(
         stack,

@@ -43,6 +43,7 @@ from ingest.embedded.samples_compressed import (
     compressed_ct_volume,
     compressed_samples,
     ct_pixels,
+    ct_volume,
     jpeg_baseline,
     write_ct_volume,
 )
@@ -157,6 +158,8 @@ def test_a_ct_volume_needs_lossless_frames() -> None:
         write_ct_volume(BytesIO(), JPEG2000, [b"x"])
     with pytest.raises(ValueError, match="lossless"):
         write_ct_volume(BytesIO(), HTJ2KLossless, [])
+    with pytest.raises(ValueError, match="one or more slices"):
+        ct_volume([], 3)
 
 
 def test_codestreams_are_what_their_syntax_says() -> None:

@@ -8,21 +8,18 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from functools import partial
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
-from pydicom import dcmread
-from pydicom.encaps import get_frame
 
 from gpu.memory import alloc_host
 from gpu.thread import ChunkResult
 from ingest.device import stage
 from ingest.dicom.device_codecs import MIN_DEVICE_J2K_FRAMES
-from ingest.embedded.samples_compressed import write_ct_volume
+from ingest.embedded.samples_compressed import ct_volume
 from ingest.embedded.stack import Stack
 from ingest.fetch.ring import PinnedRing
 from ingest.pipeline.streamed import _device_hold, _SlotRefs
@@ -109,12 +106,9 @@ async def test_a_group_larger_than_the_free_slots_does_not_wait_on_itself(
     harness.prepare(stack, names)
     objects = {}
     for slice_name in ("ct-htj2k-lossless-256", "ct-jpeg2000-lossless-256"):
-        ds = dcmread(Path(__file__).parent / "data" / "volume" / f"{slice_name}.dcm")
-        frame = get_frame(ds.PixelData, 0, number_of_frames=1)
-        out = BytesIO()  # ~50 KB frames: 40 of them span 32 parts of 64 KiB
-        write_ct_volume(out, ds.file_meta.TransferSyntaxUID, [frame] * (MIN_DEVICE_J2K_FRAMES + 8),
-                        256, 256)  # fmt: skip
-        objects[f"volume/{slice_name}.dcm"] = out.getvalue()
+        slice_ = (Path(__file__).parent / "data" / "volume" / f"{slice_name}.dcm").read_bytes()
+        # ~50 KB frames: 40 of them span 32 parts of 64 KiB
+        objects[f"volume/{slice_name}.dcm"] = ct_volume([slice_], MIN_DEVICE_J2K_FRAMES + 8)
     await harness.upload(stack, names.source_bucket, objects.items())
     notes = [harness.aws_notification(names.source_bucket, [key]) for key in objects]
     await harness.publish(stack, names.source_topic, notes)

@@ -79,8 +79,7 @@ class AuditPublisher:
         self._seal_lock = anyio.Lock()  # the chain's order
         self._send_lock = anyio.Lock()  # one group on its way at a time
         self._queued: list[bytes] = []  # sealed, not yet acknowledged, in chain order
-        self._queued_total = 0  # messages ever queued
-        self._acked_total = 0  # of those, acknowledged (by the topic or the spool)
+        self._acked_total = 0  # messages acknowledged so far (by the topic or the spool)
         self._keys = keys
         self._signer = signer
         self._spool = spool
@@ -126,14 +125,13 @@ class AuditPublisher:
         async with self._seal_lock:
             if self._signer is not None and self._trail.next_seq > self._signer.covered:
                 self._queue(self._sign())
-            through = self._queued_total
+            through = self._acked_total + len(self._queued)
         await self._flush(through)
 
     def _queue(self, message: bytes) -> int:
         """Queue a sealed message; returns how many were ever queued, it included."""
         self._queued.append(message)
-        self._queued_total += 1
-        return self._queued_total
+        return self._acked_total + len(self._queued)
 
     async def _flush(self, through: int) -> None:
         """Send the queue in order, ``MAX_GROUP`` messages a group, until the

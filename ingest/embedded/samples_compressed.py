@@ -267,19 +267,30 @@ def write_ct_volume(
 def compressed_ct_volume(
     syntax: str, frames: int, rows: int = 512, columns: int = 512, distinct: int = 4
 ) -> bytes:
+    """A CT volume of ``frames`` frames from ``compressed_ct``'s first ``distinct``
+    slices (``ct_volume``): frame ``k`` decodes to ``ct_pixels(k % distinct, rows, columns)``."""
+    slices = [compressed_ct(syntax, k, rows, columns) for k in range(min(frames, distinct))]
+    return ct_volume(slices, frames)
+
+
+def ct_volume(slices: Sequence[bytes], frames: int) -> bytes:
     """A CT volume (``write_ct_volume``) of ``frames`` frames: the codestreams of
-    ``compressed_ct``'s first ``distinct`` slices in turn, so frame ``k`` decodes to
-    ``ct_pixels(k % distinct, rows, columns)``."""
+    ``slices`` (single-frame lossless CT objects of one syntax and size) in turn.
+
+    Raises:
+        ValueError: no slice, or not a lossless syntax of ``CT_SYNTAXES``.
+    """
     from pydicom import dcmread
     from pydicom.encaps import get_frame
 
-    codestreams = []
-    for index in range(min(frames, distinct)):
-        ds = dcmread(io.BytesIO(compressed_ct(syntax, index, rows, columns)))
-        codestreams.append(get_frame(ds.PixelData, 0, number_of_frames=1))
-    out = io.BytesIO()
-    write_ct_volume(out, syntax, [codestreams[k % len(codestreams)] for k in range(frames)],
-                    rows, columns)  # fmt: skip
+    if not slices:
+        raise ValueError("a CT volume takes one or more slices")
+    read = [dcmread(io.BytesIO(data)) for data in slices]
+    codestreams = [get_frame(ds.PixelData, 0, number_of_frames=1) for ds in read]
+    first, out = read[0], io.BytesIO()
+    frames_in_turn = [codestreams[k % len(codestreams)] for k in range(frames)]
+    write_ct_volume(out, str(first.file_meta.TransferSyntaxUID), frames_in_turn, first.Rows,
+                    first.Columns)  # fmt: skip
     return out.getvalue()
 
 
