@@ -237,17 +237,27 @@ class Tansu(ServerProcess):
 
     name = "Tansu"
 
-    def __init__(self, directory: Path, storage: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, directory: Path, storage: str, env: dict[str, str], proxied: bool = True
+    ) -> None:
         super().__init__(directory)
-        self.storage, self._env = storage, env
+        self.storage, self._env, self.proxied = storage, env, proxied
         self.bootstrap = ""
 
     def _command(self, new_ports: bool) -> tuple[list[str], dict[str, str]]:
         if new_ports:
             self.bootstrap = f"127.0.0.1:{free_ports(1)[0]}"
+        broker = [tansu_bin(), "broker", "--storage-engine", self.storage]
+        if self.proxied:
+            return [
+                sys.executable,
+                "-m",
+                "ingest.embedded.broker_proxy",
+                self.bootstrap,
+                *broker,
+            ], self._env
         url = f"tcp://{self.bootstrap}"
-        argv = [tansu_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url]
-        return [*argv, "--storage-engine", self.storage], self._env
+        return [*broker, "--listener-url", url, "--advertised-listener-url", url], self._env
 
     def _answers(self) -> bool:
         host, port = self.bootstrap.rsplit(":", 1)
@@ -281,12 +291,18 @@ async def _list_topics(bootstrap: str, timeout_ms: int) -> list[str]:
 
 @contextlib.contextmanager
 def start_tansu(
-    storage: str = "memory://tansu/", s3: SeaweedFS | None = None, workdir: Path | None = None
+    storage: str = "memory://tansu/",
+    s3: SeaweedFS | None = None,
+    workdir: Path | None = None,
+    proxied: bool = True,
 ) -> Iterator[Tansu]:
     """Run a Tansu broker for the ``with`` block; stopped on any exit.
 
     With ``s3``, an ``s3://<bucket>/`` storage lives on that SeaweedFS (the bucket
     is created here), so topics, records and committed offsets survive ``kill()``.
+    Clients reach it through ``ingest.embedded.broker_proxy`` (one produce in
+    flight at a time, ends of partitions as written), unless ``proxied`` is False:
+    Tansu alone, for the diagnostics that show what the proxy is for.
 
     Raises:
         ConfigError: ``tansu`` is not installed, or s3:// storage without ``s3``.
@@ -304,7 +320,7 @@ def start_tansu(
             "AWS_DEFAULT_REGION": s3.credentials.region, "AWS_ALLOW_HTTP": "true",
         }  # fmt: skip
     with _owned_dir(workdir, "tansu-") as logdir:
-        broker = Tansu(logdir, storage, env)
+        broker = Tansu(logdir, storage, env, proxied)
         try:
             broker._start()
             yield broker
@@ -382,10 +398,13 @@ class Stack:
 
 
 @contextlib.contextmanager
-def embedded_stack(workdir: Path | None = None, durable_broker: bool = False) -> Iterator[Stack]:
+def embedded_stack(
+    workdir: Path | None = None, durable_broker: bool = False, proxied_broker: bool = True
+) -> Iterator[Stack]:
     """SeaweedFS and Tansu for the ``with`` block; both stopped, temp dirs removed, on any exit.
 
-    ``durable_broker`` puts Tansu's storage in the ``tansu`` bucket of this SeaweedFS.
+    ``durable_broker`` puts Tansu's storage in the ``tansu`` bucket of this SeaweedFS;
+    ``proxied_broker`` False leaves out the broker's proxy (``start_tansu``).
 
     Raises:
         ConfigError: a server binary is not installed.
@@ -395,6 +414,6 @@ def embedded_stack(workdir: Path | None = None, durable_broker: bool = False) ->
     with (
         _owned_dir(workdir, "stack-") as root,
         start_seaweedfs(root) as s3,
-        start_tansu(storage, s3 if durable_broker else None, root) as kafka,
+        start_tansu(storage, s3 if durable_broker else None, root, proxied_broker) as kafka,
     ):
         yield Stack(s3, kafka, root)
