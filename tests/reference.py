@@ -121,23 +121,6 @@ def reference_array(data: bytes, window: tuple[float, float] | None, out_dtype: 
     return values.astype(out_dtype)
 
 
-LOSSY_SYNTAXES = frozenset(
-    {
-        "1.2.840.10008.1.2.4.50",  # JPEG Baseline
-        "1.2.840.10008.1.2.4.51",  # JPEG Extended
-        "1.2.840.10008.1.2.4.81",  # JPEG-LS near-lossless
-        "1.2.840.10008.1.2.4.91",  # JPEG 2000 (lossy allowed)
-        "1.2.840.10008.1.2.4.203",  # HTJ2K (lossy allowed)
-    }
-)
-
-
-def is_lossy(data: bytes) -> bool:
-    """The object's transfer syntax allows lossy compression: another decoder may differ."""
-    meta = dcmread(BytesIO(data), stop_before_pixels=True, force=True).file_meta
-    return str(meta.get("TransferSyntaxUID", "")) in LOSSY_SYNTAXES
-
-
 def psnr(got: np.ndarray, want: np.ndarray) -> float:
     """Peak signal-to-noise ratio of ``got`` against ``want``, in dB, the peak being
     ``want``'s range (1 when it is flat); infinite when they are equal."""

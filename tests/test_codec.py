@@ -53,16 +53,12 @@ from ingest.dicom.codec import (
     decoded_format,
     needs_codec,
 )
+from ingest.dicom.syntaxes import ENCAPSULATED_UNCOMPRESSED, EXPLICIT_VR_BE, NATIVE
 from ingest.errors import IngestError, MalformedDicom, UnsupportedDicom
 
 Array = npt.NDArray[Any]
 T = TypeVar("T")
 
-BIG_ENDIAN: Final = "1.2.840.10008.1.2.2"
-ENCAPSULATED_UNCOMPRESSED: Final = "1.2.840.10008.1.2.1.98"
-NATIVE_SYNTAXES: Final = frozenset(
-    {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.1.99", BIG_ENDIAN}
-)
 LUT_DATA: Final = 0x00283006
 MAX_FRAMES: Final = 16  # more frames than this: the first, middle and last are decoded
 
@@ -163,7 +159,7 @@ def _palette_source(ds: Dataset) -> Dataset:
     the file's byte order; the codec does not (``codec_luts``), so the reference
     swaps them first.
     """
-    if _syntax(ds) != BIG_ENDIAN or "RedPaletteColorLookupTableData" not in ds:
+    if _syntax(ds) != EXPLICIT_VR_BE or "RedPaletteColorLookupTableData" not in ds:
         return ds
     fixed = Dataset()
     for color in ("Red", "Green", "Blue"):
@@ -198,7 +194,7 @@ def _encapsulated_frames(ds: Dataset, frames: int) -> list[bytes]:
 def _decode(codec: Codec, ds: Dataset, indices: list[int]) -> Array:
     """The codec's decode of frames ``indices``, each group the way the pipeline sends it."""
     frames = codec.number_of_frames
-    if codec.transfer_syntax_uid in NATIVE_SYNTAXES:
+    if codec.transfer_syntax_uid in NATIVE:
         if indices == list(range(frames)):
             return decode_native(codec, ds.PixelData, 0, frames)
         return np.concatenate([decode_native(codec, ds.PixelData, k, 1) for k in indices])
@@ -275,7 +271,7 @@ def test_sample_file(path: Path) -> None:
     assert (fmt.frames, *fmt.shape[1:]) == (frames, *got.shape[1:])
     assert np.dtype(fmt.stored_dtype) == got.dtype
     assert fmt.bits_stored == fmt.bits_allocated
-    if syntax in NATIVE_SYNTAXES and 1 < frames <= MAX_FRAMES:  # a group not from frame 0
+    if syntax in NATIVE and 1 < frames <= MAX_FRAMES:  # a group not from frame 0
         assert np.array_equal(decode_native(codec, ds.PixelData, 1, frames - 1), want[1:])
 
     plain = not needs_codec(
@@ -285,7 +281,7 @@ def test_sample_file(path: Path) -> None:
         assert np.array_equal(_as_native_path(ds, frames)[indices], want)
         assert set(conversions(codec)) <= {"planar->interleaved"}  # the device does it too
     else:  # something to convert, and the sidecar says what (8-bit OB big endian: nothing)
-        assert conversions(codec) or syntax == BIG_ENDIAN
+        assert conversions(codec) or syntax == EXPLICIT_VR_BE
 
 
 def test_missing_transfer_syntax_decodes_as_the_syntax_found() -> None:
@@ -321,15 +317,21 @@ def test_big_endian_palette_is_its_little_endian_twin() -> None:
 # (OpenJPH, libjpeg-turbo) from 12 x 16 gradients; nothing installed here writes them.
 CODESTREAMS: Final = {
     "htj2k-lossless-u12": (
-        "1.2.840.10008.1.2.4.201", 1, 12, "MONOCHROME2",
+        "1.2.840.10008.1.2.4.201",
+        1,
+        12,
+        "MONOCHROME2",
         "/0//UQApQAAAAAAQAAAADAAAAAAAAAAAAAAAEAAAAAwAAAAAAAAAAAABDwEB/1AACAACAAAACv9SAAwAAgABAAUEBEAB"
         "/1wAEyCIkJCQkJCQkJCQkJCQiIiI/2QAFwABT3BlbkpQSCBWZXIgMC4yNi4zLv+QAAoAAAAAAMsAAf+TwAAm+/IFB3QA"
         "AMAAE0AAE0AAEoCU/gKHdAB48wOHdABJAYd0AMAAFTAABNAABMAJOCDGBQCilACxyAEBdAAVsABiNADAABWQAAWhAABW"
         "gEayxd1o64GWjGBWAEaOiEpWUsuxgAAAPnxjWAAevr4//uWIYPYxjncAwAAtSAAFtQAArUAgEPg//3GfPff85xNAX9px"
         "AnkAVlqxYuU0+A+npX9Pw/9W5PoZADOWQgHsugD/f/9//3/8gOYCf9cA/9k=",
     ),
-    "htj2k-rpcl-lossless-rgb8": (
-        "1.2.840.10008.1.2.4.202", 3, 8, "RGB",
+    "htj2k-lossless-rpcl-rgb8": (
+        "1.2.840.10008.1.2.4.202",
+        3,
+        8,
+        "RGB",
         "/0//UQAvQAAAAAAQAAAADAAAAAAAAAAAAAAAEAAAAAwAAAAAAAAAAAADBwEBBwEBBwEB/1AACAACAAAAA/9SAAwAAgAB"
         "AQUEBEAB/1wAEyBQWFhYWFhYWFhYWFhYUFBQ/2QAFwABT3BlbkpQSCBWZXIgMC4yNi4zLv+QAAoAAAAAAT8AAf+TwBKA"
         "1wCHdADAEgAAR3QAwBKA+wDHdAAAAADACWAEoPAAh3QA2AEHdADACWAEoKIBB3QAzQEHdADACWAEoCIBh3QAZwGHdADA"
@@ -339,25 +341,31 @@ CODESTREAMS: Final = {
         "7u7u54Cnp8J3AGlKKaWU/voAAHv2AAHsugD/2Q==",
     ),
     "htj2k-lossy-u8": (
-        "1.2.840.10008.1.2.4.203", 1, 8, "MONOCHROME2",
+        "1.2.840.10008.1.2.4.203",
+        1,
+        8,
+        "MONOCHROME2",
         "/0//UQApQAAAAAAQAAAADAAAAAAAAAAAAAAAEAAAAAwAAAAAAAAAAAABBwEB/1AACAACAAAAIP9SAAwAAgABAAUEBEAA"
         "/1wAIyI/GD7qPuo+vDcANwA24i9ML0wvZBgDGAMYRh/SH9IfYf9kABcAAU9wZW5KUEggVmVyIDAuMjYuMy7/kAAKAAAA"
         "AAA6AAH/k8CQAEd0AADBLBIA+gBHdAD+F3MAwkD8AeMAAMkkklD9AEQA/QBEAP79AEQA/9k=",
     ),
     "jpeg-lossless-p14-predictor6-u12": (
-        "1.2.840.10008.1.2.4.57", 1, 12, "MONOCHROME2",
+        "1.2.840.10008.1.2.4.57",
+        1,
+        12,
+        "MONOCHROME2",
         "/9j/4AAQSkZJRgABAQAAAQABAAD/wwALDAAMABABAREA/8QAGAABAQEBAQAAAAAAAAAAAAAACAcJDAv/2gAIAQEABgAA"
         "5/8AsNhsNhsNhsNhsNhsNhsNhsOliWSyWSyWSyWSyWSyWSyWSyW0sSyWSyWSyWSyWSyWSyWSyWS2liWSyWSyWSyWSyWS"
         "yWSyWSyW0sSyWSyWSyWSyWSyWSyWSyWS2liWSyWSyWSyWSyWSyWSyWSyW0sSyWSyWSyWSyWSyWSyWSyWS2liWSyWSyWS"
         "yWSyWSyWSyWSyW0sSyWSyWSyWSyWSyWSyWSyWS2liWSyWSyWSyWSyWSyWSyWS3BK6WJZLJZLJZLJZLJZLJbglfCV8JXo"
         "ltLEslkslkslksluCV8JXwleiWSyWS3/2Q==",
     ),
-}  # fmt: skip
+}
 
 
 DECODERS: Final = {
     "htj2k-lossless-u12": "htj2k-lossless",
-    "htj2k-rpcl-lossless-rgb8": "htj2k-rpcl-lossless",
+    "htj2k-lossless-rpcl-rgb8": "htj2k-lossless-rpcl",
     "htj2k-lossy-u8": "htj2k",
     "jpeg-lossless-p14-predictor6-u12": "jpeg-lossless",
 }
@@ -407,7 +415,7 @@ CORRUPTION_BASES: Final = {
     "jpeg2000-lossless": "MR_small_jp2klossless.dcm",
     "jpeg2000": "SC_rgb_gdcm_KY.dcm",
     "htj2k-lossless": "htj2k-lossless-u12",
-    "htj2k-rpcl-lossless": "htj2k-rpcl-lossless-rgb8",
+    "htj2k-lossless-rpcl": "htj2k-lossless-rpcl-rgb8",
     "htj2k": "htj2k-lossy-u8",
 }
 
@@ -646,47 +654,116 @@ def _ct() -> Dataset:
     ("make", "syntax", "error", "message"),
     [
         (_ct, "", UnsupportedDicom, r"^no Transfer Syntax UID"),
-        (_ct, "1.2.840.10008.1.2.8.1", UnsupportedDicom,
-         r"^transfer syntax 1\.2\.840\.10008\.1\.2\.8\.1 has no decoder$"),
+        (
+            _ct,
+            "1.2.840.10008.1.2.8.1",
+            UnsupportedDicom,
+            r"^transfer syntax 1\.2\.840\.10008\.1\.2\.8\.1 has no decoder$",
+        ),
         (_ct, "1.2.840.10008.1.2.4.100", UnsupportedDicom, r"MPEG2 .* has no decoder"),
         (_ct, "PATIENT NAME", UnsupportedDicom, r"^transfer syntax \(a Transfer Syntax UID that"),
-        (_edit(_ct, PixelData=None, FloatPixelData=b"\0" * 16), "1.2.840.10008.1.2.1",
-         UnsupportedDicom, "Float and Double Float Pixel Data"),
+        (
+            _edit(_ct, PixelData=None, FloatPixelData=b"\0" * 16),
+            "1.2.840.10008.1.2.1",
+            UnsupportedDicom,
+            "Float and Double Float Pixel Data",
+        ),
         (_edit(_ct, PixelData=None), "1.2.840.10008.1.2.1", MalformedDicom, "no Pixel Data"),
-        (_edit(_ct, PhotometricInterpretation="YBR_PARTIAL_422", SamplesPerPixel=3,
-               PlanarConfiguration=0), "1.2.840.10008.1.2.1", UnsupportedDicom,
-         r"'YBR_PARTIAL_422' is not supported"),
-        (_edit(_ct, PhotometricInterpretation="SECRET VALUE"), "1.2.840.10008.1.2.1",
-         UnsupportedDicom, r"photometric interpretation \(unknown value\)"),
-        (_edit(_ct, PhotometricInterpretation="YBR_ICT", SamplesPerPixel=3,
-               PlanarConfiguration=0), "1.2.840.10008.1.2.1", UnsupportedDicom,
-         "YBR_ICT outside JPEG 2000"),
-        (_edit(_ct, SamplesPerPixel=3), "1.2.840.10008.1.2.1", MalformedDicom,
-         "MONOCHROME2 with 3 samples per pixel"),
-        (_edit(_ct, BitsAllocated=64, BitsStored=64), "1.2.840.10008.1.2.1", UnsupportedDicom,
-         "Bits Allocated 64"),
-        (_edit(_ct, BitsAllocated=12), "1.2.840.10008.1.2.1", MalformedDicom,
-         "Bits Allocated 12 is not 1, 8, 16 or 32"),
+        (
+            _edit(
+                _ct,
+                PhotometricInterpretation="YBR_PARTIAL_422",
+                SamplesPerPixel=3,
+                PlanarConfiguration=0,
+            ),
+            "1.2.840.10008.1.2.1",
+            UnsupportedDicom,
+            r"'YBR_PARTIAL_422' is not supported",
+        ),
+        (
+            _edit(_ct, PhotometricInterpretation="SECRET VALUE"),
+            "1.2.840.10008.1.2.1",
+            UnsupportedDicom,
+            r"photometric interpretation \(unknown value\)",
+        ),
+        (
+            _edit(
+                _ct, PhotometricInterpretation="YBR_ICT", SamplesPerPixel=3, PlanarConfiguration=0
+            ),
+            "1.2.840.10008.1.2.1",
+            UnsupportedDicom,
+            "YBR_ICT outside JPEG 2000",
+        ),
+        (
+            _edit(_ct, SamplesPerPixel=3),
+            "1.2.840.10008.1.2.1",
+            MalformedDicom,
+            "MONOCHROME2 with 3 samples per pixel",
+        ),
+        (
+            _edit(_ct, BitsAllocated=64, BitsStored=64),
+            "1.2.840.10008.1.2.1",
+            UnsupportedDicom,
+            "Bits Allocated 64",
+        ),
+        (
+            _edit(_ct, BitsAllocated=12),
+            "1.2.840.10008.1.2.1",
+            MalformedDicom,
+            "Bits Allocated 12 is not 1, 8, 16 or 32",
+        ),
         (_edit(_ct, BitsStored=17), "1.2.840.10008.1.2.1", MalformedDicom, r"within 1\.\.16"),
-        (_edit(_ct, PixelRepresentation=2), "1.2.840.10008.1.2.1", MalformedDicom,
-         "Pixel Representation 2"),
+        (
+            _edit(_ct, PixelRepresentation=2),
+            "1.2.840.10008.1.2.1",
+            MalformedDicom,
+            "Pixel Representation 2",
+        ),
         (_edit(_ct, Rows=0), "1.2.840.10008.1.2.1", MalformedDicom, "0 x 128 pixels"),
-        (_edit(_ct, NumberOfFrames=-2), "1.2.840.10008.1.2.1", MalformedDicom,
-         "not a positive integer"),
-        (_edit(_ct, BitsStored=None), "1.2.840.10008.1.2.1", MalformedDicom,
-         "^missing Bits Stored$"),
-        (_edit(_palette_ds, AlphaPaletteColorLookupTableData=b"\0\0" * 256),
-         "1.2.840.10008.1.2.1", UnsupportedDicom, r"Alpha Palette .* \(RGBA output\)"),
-        (_edit(_palette_ds, PixelPresentation="COLOR"), "1.2.840.10008.1.2.1", UnsupportedDicom,
-         "Supplemental Palette"),
-        (_edit(_palette_ds, GreenPaletteColorLookupTableData=b"\0\0" * 255),
-         "1.2.840.10008.1.2.1", MalformedDicom, "tables differ in length"),
-        (_edit(_palette_ds, RedPaletteColorLookupTableData=b"\0" * 300), "1.2.840.10008.1.2.1",
-         MalformedDicom, "palette data of 300 bytes for 256 entries"),
-        (_edit(_palette_ds, RedPaletteColorLookupTableDescriptor=None), "1.2.840.10008.1.2.1",
-         MalformedDicom, "missing Red Palette Color Lookup Table Descriptor"),
+        (
+            _edit(_ct, NumberOfFrames=-2),
+            "1.2.840.10008.1.2.1",
+            MalformedDicom,
+            "not a positive integer",
+        ),
+        (
+            _edit(_ct, BitsStored=None),
+            "1.2.840.10008.1.2.1",
+            MalformedDicom,
+            "^missing Bits Stored$",
+        ),
+        (
+            _edit(_palette_ds, AlphaPaletteColorLookupTableData=b"\0\0" * 256),
+            "1.2.840.10008.1.2.1",
+            UnsupportedDicom,
+            r"Alpha Palette .* \(RGBA output\)",
+        ),
+        (
+            _edit(_palette_ds, PixelPresentation="COLOR"),
+            "1.2.840.10008.1.2.1",
+            UnsupportedDicom,
+            "Supplemental Palette",
+        ),
+        (
+            _edit(_palette_ds, GreenPaletteColorLookupTableData=b"\0\0" * 255),
+            "1.2.840.10008.1.2.1",
+            MalformedDicom,
+            "tables differ in length",
+        ),
+        (
+            _edit(_palette_ds, RedPaletteColorLookupTableData=b"\0" * 300),
+            "1.2.840.10008.1.2.1",
+            MalformedDicom,
+            "palette data of 300 bytes for 256 entries",
+        ),
+        (
+            _edit(_palette_ds, RedPaletteColorLookupTableDescriptor=None),
+            "1.2.840.10008.1.2.1",
+            MalformedDicom,
+            "missing Red Palette Color Lookup Table Descriptor",
+        ),
     ],
-)  # fmt: skip
+)
 def test_codec_refusals_name_elements_not_values(
     make: Callable[[], Dataset], syntax: str, error: type[IngestError], message: str
 ) -> None:

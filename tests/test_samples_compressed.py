@@ -34,10 +34,10 @@ from pydicom.uid import (
     RLETransferSyntaxes,
 )
 
+from ingest.dicom.syntaxes import COMPRESSED, LOSSLESS
 from ingest.embedded import samples_slide
 from ingest.embedded.samples_compressed import (
     CT_SYNTAXES,
-    LOSSLESS_SYNTAXES,
     compressed_ct,
     compressed_ct_series,
     compressed_ct_volume,
@@ -114,7 +114,7 @@ def test_ct_in_every_syntax(syntax: str) -> None:
     pixels, source = ds.pixel_array, ct_pixels(3, 64, 96)
     assert pixels.shape == (64, 96)
     assert pixels.dtype == np.int16
-    if syntax in LOSSLESS_SYNTAXES:
+    if syntax in LOSSLESS:
         assert "LossyImageCompression" not in ds
         np.testing.assert_array_equal(pixels, source)
     else:
@@ -140,12 +140,16 @@ def test_ct_series_and_what_cannot_be_written() -> None:
 def test_a_ct_volume_is_its_slices_as_frames(syntax: str) -> None:
     ds = read(compressed_ct_volume(syntax, 7, rows=48, columns=32, distinct=3))
     assert (ds.SOPClassUID, ds.NumberOfFrames, ds.file_meta.TransferSyntaxUID) == (
-        "1.2.840.10008.5.1.4.1.1.2.1", 7, syntax,
-    )  # fmt: skip
+        "1.2.840.10008.5.1.4.1.1.2.1",
+        7,
+        syntax,
+    )
     shared = ds.SharedFunctionalGroupsSequence[0].PixelValueTransformationSequence[0]
     assert (shared.RescaleIntercept, shared.RescaleSlope) == (-1024, 1)
-    positions = [g.PlanePositionSequence[0].ImagePositionPatient[2]
-                 for g in ds.PerFrameFunctionalGroupsSequence]  # fmt: skip
+    positions = [
+        g.PlanePositionSequence[0].ImagePositionPatient[2]
+        for g in ds.PerFrameFunctionalGroupsSequence
+    ]
     assert positions == [-1.25 * k for k in range(7)]
     assert len(parse_basic_offsets(ds.PixelData)) == 7
     pixels = pixel_array(ds)
@@ -324,8 +328,6 @@ def test_the_demo_set() -> None:
 def test_the_device_test_slices_are_what_the_writer_writes(syntax: str) -> None:
     """``tests/data/compressed`` (read by the device's decode tests, where the encoders
     are missing) holds ``compressed_ct``'s current output."""
-    from ingest.dicom.syntaxes import COMPRESSED
-
     path = Path(__file__).parent / "data" / "compressed" / f"ct-{COMPRESSED[syntax]}.dcm"
     assert path.read_bytes() == compressed_ct(syntax, index=3, rows=128, columns=96)
 
@@ -334,7 +336,5 @@ def test_the_device_test_slices_are_what_the_writer_writes(syntax: str) -> None:
 def test_the_device_volume_slices_are_what_the_writer_writes(syntax: str) -> None:
     """``tests/data/volume``: 256 x 256 slices (large enough for the device's decoder),
     whose codestreams the device's worker test makes volumes of."""
-    from ingest.dicom.syntaxes import COMPRESSED
-
     path = Path(__file__).parent / "data" / "volume" / f"ct-{COMPRESSED[syntax]}-256.dcm"
     assert path.read_bytes() == compressed_ct(syntax, index=3, rows=256, columns=256)

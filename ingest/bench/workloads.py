@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from pydicom.uid import HTJ2KLossless, JPEG2000Lossless, JPEGBaseline8Bit, RLELossless
+
 from ingest.bench.measure import MiB
 from ingest.embedded.samples import synthetic_ct_series, synthetic_multiframe
 
@@ -29,12 +31,12 @@ FETCH_WORKLOADS = ("ct", "large", "mix")
 CORPUS = "corpus"  # a fetch workload, run when named
 # Compressed objects, decoded on the CPU: workload -> transfer syntax of its frames
 DECODE_WORKLOADS = {
-    "slide": "1.2.840.10008.1.2.4.50",  # JPEG Baseline tiles of a whole-slide image
-    "ct-j2k": "1.2.840.10008.1.2.4.90",  # JPEG 2000 Lossless CT series
-    "ct-htj2k": "1.2.840.10008.1.2.4.201",  # HTJ2K Lossless CT series
-    "ct-rle": "1.2.840.10008.1.2.5",  # RLE Lossless CT series
-    "ct-htj2k-volume": "1.2.840.10008.1.2.4.201",  # the HTJ2K series as one Enhanced CT
-    "ct-j2k-volume": "1.2.840.10008.1.2.4.90",  # the JPEG 2000 series as one Enhanced CT
+    "slide": JPEGBaseline8Bit,  # tiles of a whole-slide image
+    "ct-j2k": JPEG2000Lossless,  # a CT series
+    "ct-htj2k": HTJ2KLossless,  # a CT series
+    "ct-rle": RLELossless,  # a CT series
+    "ct-htj2k-volume": HTJ2KLossless,  # the HTJ2K series as one Enhanced CT
+    "ct-j2k-volume": JPEG2000Lossless,  # the JPEG 2000 series as one Enhanced CT
 }
 
 
@@ -58,13 +60,18 @@ class S3Target:
         import botocore.session
 
         return botocore.session.get_session().create_client(
-            "s3", endpoint_url=self.endpoint_url, region_name=self.region,
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
             config=botocore.config.Config(
-                max_pool_connections=pool, retries={"max_attempts": 3},
-                s3={"addressing_style": "path"}, read_timeout=120,
+                max_pool_connections=pool,
+                retries={"max_attempts": 3},
+                s3={"addressing_style": "path"},
+                read_timeout=120,
             ),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +244,12 @@ def _fetch_workloads(
             name = f"enhanced-ct-{frames}x512x512{'-encapsulated' if encapsulated else ''}.dcm"
             progress(f"writing the large object ({frames} frames) to a temporary file")
             path = synthetic_multiframe(
-                frames, 512, 512, encapsulated="extended" if encapsulated else None,
+                frames,
+                512,
+                512,
+                encapsulated="extended" if encapsulated else None,
                 path=tmpdir / name,
-            )  # fmt: skip
+            )
             progress(f"uploading the large object ({path.stat().st_size / 1e9:.2f} GB, multipart)")
             key = f"bench/large/{name}"
             try:

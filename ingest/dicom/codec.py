@@ -40,26 +40,23 @@ import numpy as np
 from pydicom.encaps import encapsulate
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.pixels.utils import _get_jpg_parameters
+from pydicom.uid import JPEGBaseline8Bit
 
 from gpu.formats import PixelFormat
 from ingest.dicom.codec_luts import Array, Lut, apply_lut, apply_palette
-from ingest.dicom.codec_read import (
-    BIG_ENDIAN,
-    COMPRESSED,
-    ENCAPSULATED_UNCOMPRESSED,
-    J2K,
-    JPEG,
-    NATIVE,
-    Codec,
-    codec_from_dataset,
-    conversions,
-    needs_codec,
-)
+from ingest.dicom.codec_read import Codec, codec_from_dataset, conversions, needs_codec
 from ingest.dicom.codestreams import j2k_size, jpeg_size
+from ingest.dicom.syntaxes import (
+    ENCAPSULATED_UNCOMPRESSED,
+    EXPLICIT_VR_BE,
+    J2K_CODESTREAMS,
+    JPEG_CODESTREAMS,
+    NATIVE,
+    SYNTAXES,
+)
 from ingest.errors import MalformedDicom, UnsupportedDicom
 
 __all__ = [
-    "COMPRESSED",
     "Codec",
     "Lut",
     "codec_from_dataset",
@@ -70,8 +67,6 @@ __all__ = [
     "needs_codec",
 ]
 
-RLE_LOSSLESS: Final = "1.2.840.10008.1.2.5"
-JPEG_BASELINE: Final = "1.2.840.10008.1.2.4.50"
 _RGB_IDS: Final = ([82, 71, 66], [114, 103, 98])  # "RGB", "rgb"
 
 
@@ -189,11 +184,12 @@ def _decode_frame(codec: Codec, frame: bytes, where: str) -> Array:
             raise MalformedDicom(f"{codec.syntax_name} {where}: {len(frame)} bytes, not {length}")
         return _as_array(codec, frame[:length], None, 1, where=where)
     photometric = codec.photometric_interpretation
-    if uid in JPEG or uid in J2K:
-        _check_size(codec, jpeg_size(frame) if uid in JPEG else j2k_size(frame), where)
+    jpeg = uid in JPEG_CODESTREAMS
+    if jpeg or uid in J2K_CODESTREAMS:
+        _check_size(codec, jpeg_size(frame) if jpeg else j2k_size(frame), where)
         if b"\xff\xd9" not in frame[-10:]:  # EOI / EOC, where pydicom looks for it
             raise MalformedDicom(f"{codec.syntax_name} {where}: the codestream has no end marker")
-    if uid in JPEG:
+    if jpeg:
         photometric = _conformed(codec, _get_jpg_parameters(frame))  # pydicom's own parse
     return _as_array(codec, encapsulate([frame]), 0, 1, where=where, photometric=photometric)
 
@@ -210,7 +206,8 @@ def _conformed(codec: Codec, info: dict[str, Any]) -> str:
         return "RGB"
     for marker in info.get("app", {}).values():
         if marker.startswith(b"JFIF") and "YBR" not in photometric:
-            return "YBR_FULL_422" if codec.transfer_syntax_uid == JPEG_BASELINE else "YBR_FULL"
+            baseline = codec.transfer_syntax_uid == JPEGBaseline8Bit
+            return "YBR_FULL_422" if baseline else "YBR_FULL"
     return photometric
 
 
@@ -234,8 +231,8 @@ def _as_array(
     photometric: str | None = None,
 ) -> Array:
     """pydicom's decode of frame ``at`` of ``src`` (all its ``frames`` when None)."""
-    uid = codec.transfer_syntax_uid
-    decoder = get_decoder("1.2.840.10008.1.2.1" if uid == ENCAPSULATED_UNCOMPRESSED else uid)
+    syntax = SYNTAXES[codec.transfer_syntax_uid]
+    decoder = get_decoder(syntax.decoder_uid)
     options: dict[str, Any] = {
         "rows": codec.rows,
         "columns": codec.columns,
@@ -249,11 +246,10 @@ def _as_array(
         "pixel_keyword": "PixelData",
         "pixel_vr": codec.pixel_vr,
     }
-    # RLE: pylibjpeg-rle is ~5x pydicom's own decoder (first in pydicom's order); JPEG-LS:
-    # pyjpegls (CharLS) ~4x pylibjpeg's libjpeg, which pydicom tries first. Both pairs
-    # give the same values (lossless, and near-lossless is exact in both), and pydicom's
-    # order stays the fallback for streams only it tolerates.
-    plugins = (_FIRST_PLUGIN[uid], "") if _has_plugin(uid) else ("",)
+    # the syntax's faster plugin first where it is installed (the same values), then
+    # pydicom's order, the fallback for streams only it tolerates
+    first = syntax.plugin
+    plugins = (first, "") if first and first in decoder.available_plugins else ("",)
     failure: BaseException | None = None
     for plugin in plugins:
         try:
@@ -316,23 +312,10 @@ def _native_frame_length(codec: Codec) -> float:
 def _swaps_ow_pairs(codec: Codec) -> bool:
     """Big-endian 8-bit OW: pydicom swaps the bytes of each 16-bit word."""
     return (
-        codec.transfer_syntax_uid == BIG_ENDIAN
+        codec.transfer_syntax_uid == EXPLICIT_VR_BE
         and codec.bits_allocated == 8
         and codec.pixel_vr == "OW"
     )
-
-
-_FIRST_PLUGIN: Final = {
-    RLE_LOSSLESS: "pylibjpeg",
-    "1.2.840.10008.1.2.4.80": "pyjpegls",
-    "1.2.840.10008.1.2.4.81": "pyjpegls",
-}
-
-
-def _has_plugin(uid: str) -> bool:
-    """Whether the faster plugin for ``uid`` (``_FIRST_PLUGIN``) is installed."""
-    plugin = _FIRST_PLUGIN.get(uid)
-    return plugin is not None and plugin in get_decoder(uid).available_plugins
 
 
 def _check_size(codec: Codec, size: tuple[int, int, int] | None, where: str) -> None:

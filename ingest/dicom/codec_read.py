@@ -20,35 +20,16 @@ from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import UID
 
 from ingest.dicom.codec_luts import Lut, read_modality_lut, read_palette
+from ingest.dicom.syntaxes import (
+    COMPRESSED,
+    DEFLATED_LE,
+    EXPLICIT_VR_BE,
+    J2K_CODESTREAMS,
+    NATIVE_LE,
+    SYNTAXES,
+)
 from ingest.errors import MalformedDicom, UnsupportedDicom
 
-BIG_ENDIAN: Final = "1.2.840.10008.1.2.2"
-ENCAPSULATED_UNCOMPRESSED: Final = "1.2.840.10008.1.2.1.98"
-DEFLATED: Final = "1.2.840.10008.1.2.1.99"
-NATIVE: Final = {
-    "1.2.840.10008.1.2": "",
-    "1.2.840.10008.1.2.1": "",
-    DEFLATED: "",  # the caller passes the inflated Pixel Data
-    BIG_ENDIAN: "",
-}
-_PLAIN: Final = frozenset({"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", ENCAPSULATED_UNCOMPRESSED})
-# encapsulated syntaxes pydicom decodes: the name in ``conversions``
-COMPRESSED: Final = {
-    "1.2.840.10008.1.2.5": "rle",
-    "1.2.840.10008.1.2.4.50": "jpeg-baseline",
-    "1.2.840.10008.1.2.4.51": "jpeg-extended",
-    "1.2.840.10008.1.2.4.57": "jpeg-lossless",
-    "1.2.840.10008.1.2.4.70": "jpeg-lossless-sv1",
-    "1.2.840.10008.1.2.4.80": "jpeg-ls",
-    "1.2.840.10008.1.2.4.81": "jpeg-ls-near-lossless",
-    "1.2.840.10008.1.2.4.90": "jpeg2000-lossless",
-    "1.2.840.10008.1.2.4.91": "jpeg2000",
-    "1.2.840.10008.1.2.4.201": "htj2k-lossless",
-    "1.2.840.10008.1.2.4.202": "htj2k-rpcl-lossless",
-    "1.2.840.10008.1.2.4.203": "htj2k",
-}
-J2K: Final = frozenset(uid for uid, name in COMPRESSED.items() if "j2k" in name or "2000" in name)
-JPEG: Final = frozenset(uid for uid, name in COMPRESSED.items() if name.startswith("jpeg-"))
 _MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
 _SPP_OF: Final = {
     **{"MONOCHROME1": 1, "MONOCHROME2": 1, "PALETTE COLOR": 1, "RGB": 3},
@@ -99,7 +80,7 @@ def needs_codec(
     MONOCHROME1/MONOCHROME2/RGB, Bits Allocated 8/16/32, no Modality LUT Sequence.
     """
     return not (
-        transfer_syntax_uid in _PLAIN
+        transfer_syntax_uid in NATIVE_LE
         and photometric in ("MONOCHROME1", "MONOCHROME2", "RGB")
         and bits_allocated in (8, 16, 32)
         and not has_modality_lut_sequence
@@ -124,7 +105,7 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
     uid = transfer_syntax_uid
     if not uid:
         raise UnsupportedDicom("no Transfer Syntax UID: the Pixel Data's encoding is unknown")
-    if uid not in NATIVE and uid not in COMPRESSED and uid != ENCAPSULATED_UNCOMPRESSED:
+    if uid not in SYNTAXES:
         raise UnsupportedDicom(f"transfer syntax {syntax_name(uid)} has no decoder")
     if uid in COMPRESSED and not get_decoder(uid).is_available:
         raise UnsupportedDicom(f"{syntax_name(uid)}: no decoding plugin is installed")
@@ -143,7 +124,7 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
     if photometric in _UNCONVERTED or photometric not in _SPP_OF:
         shown = repr(photometric) if photometric in _UNCONVERTED else "(unknown value)"
         raise UnsupportedDicom(f"photometric interpretation {shown} is not supported")
-    if photometric in ("YBR_ICT", "YBR_RCT") and uid not in J2K:
+    if photometric in ("YBR_ICT", "YBR_RCT") and uid not in J2K_CODESTREAMS:
         raise UnsupportedDicom(f"{photometric} outside JPEG 2000 ({syntax_name(uid)})")
     if spp != _SPP_OF[photometric]:
         raise MalformedDicom(f"{photometric} with {spp} samples per pixel")
@@ -161,7 +142,7 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
     if planar not in (0, 1):
         raise MalformedDicom(f"Planar Configuration {planar} is not 0 or 1")
 
-    little = uid != BIG_ENDIAN
+    little = uid != EXPLICIT_VR_BE
     palette = read_palette(ds, little) if photometric == "PALETTE COLOR" else None
     lut = read_modality_lut(ds, little)
     if lut is not None and photometric not in _MONOCHROME:
@@ -187,9 +168,9 @@ def conversions(codec: Codec) -> tuple[str, ...]:
     done: list[str] = []
     if uid in COMPRESSED:
         done.append(f"decode:{COMPRESSED[uid]}")
-    if uid == DEFLATED:
+    if uid == DEFLATED_LE:
         done.append("inflate")  # by the caller, before decode_native
-    if uid == BIG_ENDIAN and (codec.bits_allocated > 8 or codec.pixel_vr == "OW"):
+    if uid == EXPLICIT_VR_BE and (codec.bits_allocated > 8 or codec.pixel_vr == "OW"):
         done.append("big_endian->little")
     if codec.bits_allocated == 1:
         done.append("bits_allocated_1->uint8")

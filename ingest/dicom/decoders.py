@@ -50,9 +50,9 @@ import numpy.typing as npt
 
 from ingest import metrics
 from ingest.dicom.codec import Codec, decode_encapsulated, decode_native
+from ingest.dicom.syntaxes import SYNTAXES
 from ingest.errors import ProcessingError
 
-RLE_LOSSLESS = "1.2.840.10008.1.2.5"
 RLE_POOL_FROM = 4  # processes from which RLE frames go to the pool too
 
 # What the fork server imports: this module, and through it the codec and pydicom's
@@ -111,7 +111,8 @@ class DecodePool:
             IngestError: the codec's own error (a corrupt codestream ...), or
                 ``ProcessingError`` when the decoding process died.
         """
-        if codec.transfer_syntax_uid == RLE_LOSSLESS and self.processes < RLE_POOL_FROM:
+        rle = SYNTAXES[codec.transfer_syntax_uid].family == "rle"
+        if rle and self.processes < RLE_POOL_FROM:
             return await anyio.to_thread.run_sync(decode_encapsulated, codec, list(frames))
         return await self._run(decode_encapsulated, codec, list(frames))
 

@@ -40,15 +40,17 @@ from __future__ import annotations
 
 from typing import Final
 
+from pydicom.uid import JPEGBaseline8Bit
+
 from gpu.decode import Colour
 from gpu.formats import PixelFormat
 from ingest.dicom.codec_read import Codec
+from ingest.dicom.syntaxes import J2K_CODESTREAMS, SYNTAXES
 
-JPEG_BASELINE: Final = "1.2.840.10008.1.2.4.50"
-HTJ2K_LOSSLESS: Final = frozenset({"1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2.4.202"})
-J2K_PART1: Final = frozenset({"1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91"})
 # where nvImageCodec's result is pydicom's (exact, or within the lossy bound)
-MATCHING_SYNTAXES: Final = frozenset({JPEG_BASELINE, *HTJ2K_LOSSLESS, *J2K_PART1})
+MATCHING_SYNTAXES: Final = frozenset(uid for uid, s in SYNTAXES.items() if s.device)
+# JPEG 2000 Part 1 (not HTJ2K): fast on the device only in large batches
+J2K_PART1: Final = frozenset(uid for uid, s in SYNTAXES.items() if s.family == "jpeg2000")
 # what the worker sends to the device: those, JPEG 2000 only in objects of many frames
 DEVICE_SYNTAXES: Final = MATCHING_SYNTAXES
 MIN_DEVICE_J2K_FRAMES: Final = 32
@@ -69,7 +71,7 @@ def device_colour(codec: Codec) -> Colour | None:
     if codec.transfer_syntax_uid in J2K_PART1 and codec.number_of_frames < MIN_DEVICE_J2K_FRAMES:
         return None
     colour = matching_colour(codec)
-    jpeg_colour = codec.transfer_syntax_uid == JPEG_BASELINE and colour == "rgb"
+    jpeg_colour = codec.transfer_syntax_uid == JPEGBaseline8Bit and colour == "rgb"
     least = MIN_DEVICE_PIXELS_JPEG_COLOUR if jpeg_colour else MIN_DEVICE_PIXELS
     return colour if codec.rows * codec.columns >= least else None
 
@@ -84,9 +86,9 @@ def matching_colour(codec: Codec) -> Colour | None:
         return None
     if photometric in _MONOCHROME:
         return "unchanged"
-    if uid == JPEG_BASELINE and photometric in ("YBR_FULL", "YBR_FULL_422"):
+    if uid == JPEGBaseline8Bit and photometric in ("YBR_FULL", "YBR_FULL_422"):
         return "rgb"
-    j2k = uid in HTJ2K_LOSSLESS or uid in J2K_PART1
+    j2k = uid in J2K_CODESTREAMS
     if j2k and photometric in ("YBR_ICT", "YBR_RCT"):
         return "rgb"
     if j2k and photometric == "RGB":

@@ -39,6 +39,7 @@ from pydicom.uid import (
     RLELossless,
 )
 
+from ingest.dicom.syntaxes import LOSSLESS, SYNTAXES, Family
 from ingest.embedded.sample_parts import base_dataset, image_pixel, uid
 from ingest.embedded.samples import _ct_phantom
 from ingest.embedded.samples_slide import jpeg_rgb, jpeg_slide_bytes, tissue_tile, write_fragments
@@ -57,9 +58,6 @@ CT_SYNTAXES: Final = (
     HTJ2KLosslessRPCL,  # RPCL, TLM, a tile-part per resolution, base resolution <= 64
     HTJ2K,  # irreversible, quantisation step 1e-3: ~49 dB PSNR, ~25:1 at 512 x 512
 )
-# Lossless outside the JPEG 2000 family, and all the lossless ones
-LOSSLESS: Final = frozenset({RLELossless, JPEGLosslessSV1, JPEGLossless, JPEGLSLossless})
-LOSSLESS_SYNTAXES: Final = LOSSLESS | {JPEG2000Lossless, HTJ2KLossless, HTJ2KLosslessRPCL}
 # pydicom encoder, plugin (named, so the bytes do not depend on which is found first)
 # and options of each syntax it writes
 _PYDICOM: Final[dict[str, tuple[str, dict[str, Any]]]] = {
@@ -85,12 +83,12 @@ _HTJ2K: Final[dict[str, dict[str, Any]]] = {
     },
     HTJ2K: {"level": 1e-3, "reversible": False},
 }
-_LOSSY_METHOD: Final[dict[str, str]] = {
-    JPEGBaseline8Bit: "ISO_10918_1",
-    JPEGExtended12Bit: "ISO_10918_1",
-    JPEGLSNearLossless: "ISO_14495_1",
-    JPEG2000: "ISO_15444_1",
-    HTJ2K: "ISO_15444_15",
+# Lossy Image Compression Method (PS3.3 C.7.6.1.1.5.1) of each codec
+_LOSSY_METHOD: Final[dict[Family, str]] = {
+    "jpeg": "ISO_10918_1",
+    "jpeg-ls": "ISO_14495_1",
+    "jpeg2000": "ISO_15444_1",
+    "htj2k": "ISO_15444_15",
 }
 _CT_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.2"
 _ENHANCED_CT_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.2.1"
@@ -168,11 +166,11 @@ def encode_frame(pixels: npt.NDArray[Any], syntax: str, ds: Dataset) -> bytes:
 def _encapsulated(ds: Dataset, syntax: str, frame: bytes) -> bytes:
     """``ds`` with one compressed frame as its Pixel Data; lossy ones say so."""
     ds.file_meta.TransferSyntaxUID = UID(syntax)
-    if syntax not in LOSSLESS_SYNTAXES:
+    if syntax not in LOSSLESS:
         ratio = ds.Rows * ds.Columns * ds.SamplesPerPixel * (ds.BitsAllocated // 8) / len(frame)
         ds.LossyImageCompression = "01"
         ds.LossyImageCompressionRatio = f"{ratio:.2f}"
-        ds.LossyImageCompressionMethod = _LOSSY_METHOD[syntax]
+        ds.LossyImageCompressionMethod = _LOSSY_METHOD[SYNTAXES[syntax].family]
     out = io.BytesIO()
     write_fragments(out, ds, [frame], np.array([len(frame)], dtype=np.int64), "basic")
     return out.getvalue()
@@ -193,7 +191,7 @@ def compressed_ct(syntax: str, index: int = 0, rows: int = 512, columns: int = 5
     key = ("ct-compressed", syntax, rows, columns)
     study = uid("ct-compressed", "study")
     ds = base_dataset(_CT_STORAGE, uid(*key, index, "sop"), "CT", study, uid(*key, "series"))
-    lossy = syntax not in LOSSLESS_SYNTAXES
+    lossy = syntax not in LOSSLESS
     ds.ImageType = ["DERIVED" if lossy else "ORIGINAL", "PRIMARY", "AXIAL"]
     ds.InstanceNumber = index + 1
     ds.SliceThickness = "1.25"
@@ -233,11 +231,12 @@ def write_ct_volume(
     Raises:
         ValueError: no codestream, or ``syntax`` not a lossless one of ``CT_SYNTAXES``.
     """
-    if syntax not in LOSSLESS_SYNTAXES or not codestreams:
+    if syntax not in CT_SYNTAXES or syntax not in LOSSLESS or not codestreams:
         raise ValueError("a CT volume takes one or more lossless codestreams")
     key = ("ct-volume", syntax, rows, columns, len(codestreams))
-    ds = base_dataset(_ENHANCED_CT_STORAGE, uid(*key, "sop"), "CT", uid(*key, "study"),
-                      uid(*key, "series"))  # fmt: skip
+    ds = base_dataset(
+        _ENHANCED_CT_STORAGE, uid(*key, "sop"), "CT", uid(*key, "study"), uid(*key, "series")
+    )
     ds.ImageType = ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"]
     ds.InstanceNumber = 1
     ds.NumberOfFrames = len(codestreams)
@@ -289,8 +288,8 @@ def ct_volume(slices: Sequence[bytes], frames: int) -> bytes:
     codestreams = [get_frame(ds.PixelData, 0, number_of_frames=1) for ds in read]
     first, out = read[0], io.BytesIO()
     frames_in_turn = [codestreams[k % len(codestreams)] for k in range(frames)]
-    write_ct_volume(out, str(first.file_meta.TransferSyntaxUID), frames_in_turn, first.Rows,
-                    first.Columns)  # fmt: skip
+    syntax = str(first.file_meta.TransferSyntaxUID)
+    write_ct_volume(out, syntax, frames_in_turn, first.Rows, first.Columns)
     return out.getvalue()
 
 
