@@ -724,7 +724,7 @@ def _ct() -> Dataset:
             _edit(_ct, NumberOfFrames=-2),
             "1.2.840.10008.1.2.1",
             MalformedDicom,
-            "not a positive integer",
+            "^Number of Frames -2 is below 1$",
         ),
         (
             _edit(_ct, BitsStored=None),

@@ -38,7 +38,7 @@ REFUSED: dict[str, str] = {
     "JPEG-lossy.dcm": r"1\.2\.840\.10008\.1\.2\.4\.51\).*does not decode",
     "JPEG2000-embedded-sequence-delimiter.dcm": r"1\.2\.840\.10008\.1\.2\.4\.91\).*larger than",
     "MR_truncated.dcm": "truncated",
-    "badVR.dcm": "NumberOfFrames is not a single integer",
+    "badVR.dcm": "Number of Frames is not an integer",
     "meta_missing_tsyntax.dcm": "missing Rows",
     "nested_priv_SQ.dcm": "missing Rows",
 }

@@ -164,13 +164,17 @@ def decode_native(codec: Codec, pixel_data: bytes | memoryview, first: int, coun
 def _unpacked(codec: Codec, view: memoryview, first: int, count: int) -> Array:
     """Bits Allocated 1: the bits of frames ``[first, first + count)``, one byte each.
 
-    pydicom's whole-object decode (``np.unpackbits``, little bit order); its
-    one-frame decode reads a byte short when a frame starts inside a byte.
+    pydicom's whole-object decode (``np.unpackbits``, little bit order; planar
+    colour planes interleaved); its one-frame decode reads a byte short when a
+    frame starts inside a byte.
     """
     pixels = codec.rows * codec.columns * codec.samples_per_pixel
     start, end = first * pixels, (first + count) * pixels
     packed = np.frombuffer(view[start // 8 : ceil(end / 8)], dtype=np.uint8)
     bits = np.unpackbits(packed, bitorder="little")[start % 8 : start % 8 + end - start]
+    if codec.planar_configuration == 1:
+        planes = bits.reshape(count, codec.samples_per_pixel, codec.rows, codec.columns)
+        return planes.transpose(0, 2, 3, 1)
     return bits.reshape(count, *_stored_shape(codec))
 
 

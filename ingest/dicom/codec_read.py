@@ -1,8 +1,8 @@
 """What a dataset says about decoding its Pixel Data: the value ``codec`` decodes with.
 
-``codec_from_dataset`` reads the Image Pixel module, the palette and the
-Modality LUT Sequence once, checks them as pydicom 3's decoder would (a
-value pydicom refuses is refused here, before any frame is read) and
+``codec_from_dataset`` reads the Image Pixel module (``image_pixel``), the
+palette and the Modality LUT Sequence once, checks them as pydicom 3's decoder
+would (a value pydicom refuses is refused here, before any frame is read) and
 returns a :class:`Codec`: small, frozen and picklable, so frames can be
 decoded in other processes. ``needs_codec`` says which objects the native
 path takes without it; ``conversions`` names, for the sidecar, what decoding
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from pydicom.dataset import Dataset
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import UID
 
 from ingest.dicom.codec_luts import Lut, read_modality_lut, read_palette
+from ingest.dicom.image_pixel import image_pixel
 from ingest.dicom.syntaxes import (
     COMPRESSED,
     DEFLATED_LE,
@@ -31,13 +32,6 @@ from ingest.dicom.syntaxes import (
 from ingest.errors import MalformedDicom, UnsupportedDicom
 
 _MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
-_SPP_OF: Final = {
-    **{"MONOCHROME1": 1, "MONOCHROME2": 1, "PALETTE COLOR": 1, "RGB": 3},
-    **{"YBR_FULL": 3, "YBR_FULL_422": 3, "YBR_ICT": 3, "YBR_RCT": 3},
-}
-_UNCONVERTED: Final = frozenset(
-    {"YBR_PARTIAL_422", "YBR_PARTIAL_420", "HSV", "ARGB", "CMYK", "XYB"}
-)  # pydicom returns these as stored: not an image we can label
 _UID_RE: Final = re.compile(r"[0-9.]{1,64}")
 
 
@@ -93,14 +87,16 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
     ``pixel_vr``: the Pixel Data element's VR when ``ds`` was read without it
     (``stop_before_pixels``); otherwise the element's own.
 
-    Reads the Image Pixel module, the palette and the Modality LUT Sequence.
+    Reads the Image Pixel module (``image_pixel``'s checks), the palette and the
+    Modality LUT Sequence.
     pydicom may warn and log while it converts a value read here for the
     first time: call this where ``parse`` drives pydicom (its lock and filters).
 
     Raises:
         MalformedDicom: elements missing or out of range (what pydicom would refuse).
         UnsupportedDicom: no decoder for the syntax, Float Pixel Data, a photometric
-            interpretation pydicom leaves unconverted, an RGBA or supplemental palette.
+            interpretation pydicom leaves unconverted or YBR_ICT/YBR_RCT outside JPEG
+            2000, Bits Allocated 64, an RGBA or supplemental palette.
     """
     uid = transfer_syntax_uid
     if not uid:
@@ -114,33 +110,10 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
     if "PixelData" not in ds and not pixel_vr:
         raise MalformedDicom("no Pixel Data element")
 
-    photometric = _text(ds, "PhotometricInterpretation", "Photometric Interpretation")
-    spp = _int(ds, "SamplesPerPixel", "Samples per Pixel")
-    rows, columns = _int(ds, "Rows", "Rows"), _int(ds, "Columns", "Columns")
-    allocated = _int(ds, "BitsAllocated", "Bits Allocated")
-    stored = _int(ds, "BitsStored", "Bits Stored")
-    representation = _int(ds, "PixelRepresentation", "Pixel Representation")
-    frames = _frames(ds.get("NumberOfFrames"))
-    if photometric in _UNCONVERTED or photometric not in _SPP_OF:
-        shown = repr(photometric) if photometric in _UNCONVERTED else "(unknown value)"
-        raise UnsupportedDicom(f"photometric interpretation {shown} is not supported")
+    image = image_pixel(ds)
+    photometric = image.photometric_interpretation
     if photometric in ("YBR_ICT", "YBR_RCT") and uid not in J2K_CODESTREAMS:
         raise UnsupportedDicom(f"{photometric} outside JPEG 2000 ({syntax_name(uid)})")
-    if spp != _SPP_OF[photometric]:
-        raise MalformedDicom(f"{photometric} with {spp} samples per pixel")
-    if allocated == 64:
-        raise UnsupportedDicom("Bits Allocated 64 is not supported")
-    if allocated not in (1, 8, 16, 32):
-        raise MalformedDicom(f"Bits Allocated {allocated} is not 1, 8, 16 or 32")
-    if not 1 <= stored <= allocated:
-        raise MalformedDicom(f"Bits Stored {stored} is not within 1..{allocated}")
-    if representation not in (0, 1):
-        raise MalformedDicom(f"Pixel Representation {representation} is not 0 or 1")
-    if not (1 <= rows <= 65535 and 1 <= columns <= 65535):
-        raise MalformedDicom(f"an image of {rows} x {columns} pixels")
-    planar = _int(ds, "PlanarConfiguration", "Planar Configuration") if spp == 3 else 0
-    if planar not in (0, 1):
-        raise MalformedDicom(f"Planar Configuration {planar} is not 0 or 1")
 
     little = uid != EXPLICIT_VR_BE
     palette = read_palette(ds, little) if photometric == "PALETTE COLOR" else None
@@ -151,9 +124,20 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
         )
     vr = str(ds["PixelData"].VR) if "PixelData" in ds else pixel_vr
     return Codec(
-        uid, rows, columns, spp, allocated, stored, representation, photometric, planar,
-        frames, "OW" if vr == "OW" else "OB", palette, lut,
-    )  # fmt: skip
+        transfer_syntax_uid=uid,
+        rows=image.rows,
+        columns=image.columns,
+        samples_per_pixel=image.samples_per_pixel,
+        bits_allocated=image.bits_allocated,
+        bits_stored=image.bits_stored,
+        pixel_representation=image.pixel_representation,
+        photometric_interpretation=photometric,
+        planar_configuration=image.planar_configuration,
+        number_of_frames=image.number_of_frames,
+        pixel_vr="OW" if vr == "OW" else "OB",
+        palette=palette,
+        modality_lut=lut,
+    )
 
 
 def conversions(codec: Codec) -> tuple[str, ...]:
@@ -191,35 +175,3 @@ def syntax_name(uid: str) -> str:
         return "(a Transfer Syntax UID that is not a UID)"
     name = UID(uid).name
     return f"{name} ({uid})" if name != uid else uid
-
-
-def _text(ds: Dataset, keyword: str, name: str) -> str:
-    value = ds.get(keyword)
-    if value is None or value == "":
-        raise MalformedDicom(f"missing {name}")
-    if not isinstance(value, str):
-        raise MalformedDicom(f"{name} is not a single value")
-    return value.strip()
-
-
-def _int(ds: Dataset, keyword: str, name: str) -> int:
-    value = ds.get(keyword)
-    if value is None or value == "":
-        raise MalformedDicom(f"missing {name}")
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise MalformedDicom(f"{name} is not a single integer")
-    return int(value)
-
-
-def _frames(value: Any) -> int:
-    """Number of Frames as pydicom reads it: absent, empty or 0 is one frame."""
-    if isinstance(value, str) and value.strip():
-        try:
-            value = int(value)
-        except ValueError:
-            raise MalformedDicom("Number of Frames is not an integer") from None
-    if value is None or value == "" or value == 0:
-        return 1
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise MalformedDicom("Number of Frames is not a positive integer")
-    return int(value)

@@ -33,6 +33,7 @@ from typing import Final
 
 from pydicom.charset import python_encoding
 
+from ingest.dicom.codec_read import needs_codec
 from ingest.dicom.fragments import ENCAPSULATED_UNCOMPRESSED
 from ingest.dicom.header import (
     PIXEL_TAG,
@@ -43,6 +44,7 @@ from ingest.dicom.header import (
     locate_pixels,
     pixel_format,
 )
+from ingest.dicom.image_pixel import image_pixel
 from ingest.dicom.rescale import slope_intercept
 from ingest.dicom.syntaxes import IMPLICIT_VR_LE
 from ingest.dicom.walk import Unsure, Walker
@@ -149,7 +151,11 @@ def _read(data: bytes, object_size: int, max_pixel_bytes: int) -> DicomHeader:
     if looks_explicit == implicit:  # pydicom would read the data set the other way
         raise Unsure
     values, pos = _data_set(Walker(data, implicit), pos)
-    pixel, photometric = pixel_format(values, True)
+    image = image_pixel(values)
+    photometric = image.photometric_interpretation
+    if needs_codec(syntax, photometric, image.bits_allocated, False):
+        raise Unsure  # decoded first: pydicom reads its header
+    pixel = pixel_format(image)
     complete = len(data) == object_size
     encapsulated = syntax == ENCAPSULATED_UNCOMPRESSED  # an Extended Offset Table: pydicom
     place = locate_pixels(

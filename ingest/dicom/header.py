@@ -2,16 +2,17 @@
 
 ``dicom.parse_header`` reads a header with pydicom, or first straight from its
 bytes (``direct``) when it is plain; both then hand the values they
-found to ``pixel_format``, ``text`` and ``locate_pixels`` here, so a header
-means the same whichever reader read it. ``Values`` is what both offer: a
-``get`` by pydicom keyword that returns what pydicom's ``Dataset.get`` would.
+found to ``image_pixel`` (the Image Pixel module's checks), ``text`` and
+``locate_pixels`` here, so a header means the same whichever reader read it.
+``Values`` is what both offer: a ``get`` by pydicom keyword that returns what
+pydicom's ``Dataset.get`` would.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final
 
 from gpu.formats import OutDtype, PixelFormat, Transform
 from ingest.dicom.codec import Codec
@@ -22,9 +23,10 @@ from ingest.dicom.fragments import (
     fragment_pitch,
     read_item,
 )
+from ingest.dicom.image_pixel import ImagePixel, Values
 from ingest.dicom.slide import Slide, slide_of
 from ingest.dicom.syntaxes import NATIVE_LE
-from ingest.errors import LimitExceeded, MalformedDicom, NotDicom, UnsupportedDicom
+from ingest.errors import LimitExceeded, MalformedDicom, NotDicom
 
 SUPPORTED_TRANSFER_SYNTAXES: Final = NATIVE_LE  # what the direct reader and the ring path take
 
@@ -32,17 +34,6 @@ PIXEL_TAG: Final = b"\xe0\x7f\x10\x00"
 PIXEL_TAG_BE: Final = b"\x7f\xe0\x00\x10"
 FLOAT_TAGS: Final = {b"\xe0\x7f\x08\x00": "Float", b"\xe0\x7f\x09\x00": "Double Float"}
 UNDEFINED_LENGTH: Final = 0xFFFFFFFF
-_IMAGE_KEYWORDS: Final = "SamplesPerPixel Rows Columns BitsAllocated BitsStored PixelRepresentation"
-_OTHER_PHOTOMETRIC: Final = frozenset(
-    {"PALETTE COLOR", "YBR_FULL", "YBR_FULL_422", "YBR_PARTIAL_422", "YBR_PARTIAL_420"}
-    | {"YBR_ICT", "YBR_RCT", "HSV", "ARGB", "CMYK", "XYB"}
-)
-
-
-class Values(Protocol):
-    """Element values by pydicom keyword (a ``Dataset``, or a dict of the same values)."""
-
-    def get(self, key: str, /) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,54 +111,19 @@ def missing(keyword: str, has_dicm: bool) -> Exception:
     return MalformedDicom(f"missing {keyword}")
 
 
-def _int(ds: Values, keyword: str, has_dicm: bool, default: int | None = None) -> int:
-    value = ds.get(keyword)
-    if value is None or value == "":
-        if default is not None:
-            return default
-        raise missing(keyword, has_dicm)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise MalformedDicom(f"{keyword} is not a single integer")
-    return int(value)
-
-
-def pixel_format(ds: Values, has_dicm: bool) -> tuple[PixelFormat, str]:
-    photometric = ds.get("PhotometricInterpretation")
-    if photometric is None or photometric == "":
-        raise missing("PhotometricInterpretation", has_dicm)
-    if not isinstance(photometric, str):
-        raise MalformedDicom("PhotometricInterpretation is not a single value")
-    photometric = photometric.strip()
-    samples, rows, columns, allocated, stored, representation = (
-        _int(ds, keyword, has_dicm) for keyword in _IMAGE_KEYWORDS.split()
+def pixel_format(image: ImagePixel) -> PixelFormat:
+    """The layout of an image whose samples the device takes as stored: one that
+    ``needs_codec`` leaves to the native path (whole bytes, MONOCHROME1/2 or RGB)."""
+    return PixelFormat(
+        rows=image.rows,
+        columns=image.columns,
+        frames=image.number_of_frames,
+        samples=image.samples_per_pixel,
+        bits_allocated=image.bits_allocated,
+        bits_stored=image.bits_stored,
+        signed=image.pixel_representation == 1,
+        planar=image.planar_configuration == 1,
     )
-    # as pydicom does: an absent, empty or 0 Number of Frames means one frame
-    frames = _int(ds, "NumberOfFrames", has_dicm, default=1) or 1
-
-    if photometric in ("MONOCHROME1", "MONOCHROME2", "RGB"):
-        if samples != (3 if photometric == "RGB" else 1):
-            raise MalformedDicom(f"{photometric} with {samples} samples per pixel")
-    else:
-        shown = repr(photometric) if photometric in _OTHER_PHOTOMETRIC else "(unknown value)"
-        raise UnsupportedDicom(f"photometric interpretation {shown} is not supported")
-    if allocated in (1, 64):
-        raise UnsupportedDicom(f"Bits Allocated {allocated} is not supported")
-    if allocated not in (8, 16, 32):
-        raise MalformedDicom(f"Bits Allocated {allocated} is not 8, 16 or 32")
-    if not 1 <= stored <= allocated:
-        raise MalformedDicom(f"Bits Stored {stored} is not within 1..{allocated}")
-    if representation not in (0, 1):
-        raise MalformedDicom(f"Pixel Representation {representation} is not 0 or 1")
-    if not (1 <= rows <= 65535 and 1 <= columns <= 65535):
-        raise MalformedDicom(f"an image of {rows} x {columns} pixels")
-    if frames < 1:
-        raise MalformedDicom(f"Number of Frames {frames} is below 1")
-    planar = _int(ds, "PlanarConfiguration", has_dicm) if samples == 3 else 0
-    if planar not in (0, 1):
-        raise MalformedDicom(f"Planar Configuration {planar} is not 0 or 1")
-    signed, is_planar = representation == 1, planar == 1
-    pixel = PixelFormat(rows, columns, frames, samples, allocated, stored, signed, is_planar)
-    return pixel, photometric
 
 
 def text(ds: Values, keyword: str) -> str | None:

@@ -51,6 +51,7 @@ from ingest.dicom.header import (
     missing,
     pixel_format,
 )
+from ingest.dicom.image_pixel import image_pixel
 from ingest.dicom.rescale import modality_rescale
 from ingest.dicom.syntaxes import (
     DEFLATED_LE,
@@ -245,7 +246,8 @@ def _parse(
         "ModalityLUTSequence" in ds,
     ):
         return _decoded(ds, data, pos, implicit, little, complete, chosen, object_size, step)
-    pixel, photometric = pixel_format(ds, has_dicm)
+    image = image_pixel(ds)
+    pixel, photometric = pixel_format(image), image.photometric_interpretation
     step.now = "locating the pixels"
     tables = (ds.get("ExtendedOffsetTable"), ds.get("ExtendedOffsetTableLengths"))
     encapsulated = syntax == ENCAPSULATED_UNCOMPRESSED

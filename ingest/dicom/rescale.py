@@ -18,7 +18,7 @@ from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 
 from ingest.dicom.frames import per_frame_rescale
-from ingest.dicom.header import Values
+from ingest.dicom.image_pixel import Values
 from ingest.errors import MalformedDicom, UnsupportedDicom
 
 PER_FRAME_GROUPS: Final = 0x52009230
