@@ -21,7 +21,7 @@ import structlog
 
 from ingest.errors import ConfigError, IngestError
 from ingest.logs import configure_logging
-from ingest.settings import Settings, load_settings, setting_names
+from ingest.settings import SETTINGS, Settings, load_settings, setting_names
 
 if TYPE_CHECKING:
     from ingest.worker import Worker
@@ -107,10 +107,12 @@ def _bench_parser(commands: Any) -> None:
     add("--endpoint", help="S3 endpoint URL (default: the embedded stack; AWS_* credentials)")
     add("--bootstrap", help="Kafka bootstrap servers (needed with --endpoint)")
     add(
-        "--workloads", type=_csv_names, default=("ct", "large", "mix"),
+        "--workloads",
+        type=_csv_names,
+        default=("ct", "large", "mix"),
         help="ct,large,mix (default); corpus (the mix and samples of many kinds); the decode "
         "workloads slide,ct-j2k,ct-htj2k,ct-rle,ct-htj2k-volume,ct-j2k-volume",
-    )  # fmt: skip
+    )
     add(
         "--readers",
         type=_csv_names,
@@ -132,25 +134,37 @@ def _bench_parser(commands: Any) -> None:
         "plain sequential worker, when named), pydicom-loop,"
         "cpu-pool,nvimgcodec,nvimgcodec-plugin (decode workloads), ours,ours-hook (all)",
     )
-    add("--ct", type=int, default=300, help="CT slices (512x512 16-bit, ~0.5 MB each), also "
-        "of the ct-j2k, ct-htj2k and ct-rle series and frames of the volumes")  # fmt: skip
+    add(
+        "--ct",
+        type=int,
+        default=300,
+        help="CT slices (512x512 16-bit, ~0.5 MB each), also "
+        "of the ct-j2k, ct-htj2k and ct-rle series and frames of the volumes",
+    )
     add("--slide-mb", type=int, default=200, help="MiB of 256x256 JPEG tiles in the slide")
     add(
-        "--decode-corpus", type=Path, default=None, metavar="DIR",
+        "--decode-corpus",
+        type=Path,
+        default=None,
+        metavar="DIR",
         help="read the decode workloads' CT series (and a slide, if there) from DIR/<workload>/"
         "*.dcm, written by `python -m ingest.bench.workloads_compressed --write DIR`",
-    )  # fmt: skip
+    )
     add("--large-mb", type=int, default=1024, help="MiB of pixels in the large object")
     add(
-        "--large-syntax", choices=("native", "encapsulated"), default="native",
+        "--large-syntax",
+        choices=("native", "encapsulated"),
+        default="native",
         help="the large object's transfer syntax: native (4 GiB at most) or Encapsulated "
         "Uncompressed (a frame a fragment, no limit: a whole-slide image's size)",
-    )  # fmt: skip
+    )
     add("--repeats", type=int, default=3, help="measured runs after the discarded warm-up")
     add(
-        "--part-mb", type=int, default=8,
+        "--part-mb",
+        type=int,
+        default=8,
         help="range size of the raw and KvikIO readers in MiB (ours: its part_size setting)",
-    )  # fmt: skip
+    )
     add("--concurrency", type=int, default=16, help="parallel ranges (and objects)")
     add("--sweep", action="store_true", help="ours vs part size and vs fetch concurrency")
     add("--sweep-parts", type=_csv_ints, default=(1, 4, 8, 16, 32), help="MiB, for --sweep")
@@ -194,9 +208,8 @@ def _bench_config(args: argparse.Namespace) -> Any:
     if args.endpoint and not args.bootstrap:
         raise ConfigError("bench --endpoint needs --bootstrap")
     pairs = [item.partition("=") for item in args.set]
-    known = {n.removeprefix("DICOM_INGEST_").lower() for n in setting_names()}
     for name, sep, _ in pairs:
-        if not sep or name.strip().lower() not in known:
+        if not sep or name.strip().lower() not in SETTINGS:
             raise ConfigError(f"bench --set {name}: expected NAME=VALUE with a known setting")
     if any(n < 1 for n in args.processes):
         raise ConfigError("bench --processes: every N must be at least 1")
