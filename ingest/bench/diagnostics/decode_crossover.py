@@ -51,12 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydicom.uid import HTJ2KLossless, JPEG2000Lossless
 
 from ingest.dicom.codec import Codec, codec_from_dataset, decode_encapsulated
 
 JPEG_SIZES = (16, 32, 64, 128, 256, 512)
 J2K_SIZES = (64, 128, 256, 512)
-J2K_SYNTAXES = {"j2k": "1.2.840.10008.1.2.4.90", "htj2k": "1.2.840.10008.1.2.4.201"}
+J2K_SYNTAXES = {"j2k": JPEG2000Lossless, "htj2k": HTJ2KLossless}
 CASES = ("jpeg-ybr", "jpeg-mono", "j2k", "htj2k")
 GROUP_BYTES = 16 * 1024 * 1024  # decoded bytes of one CPU task, as the worker's groups
 TASKS_PER_PROCESS = 4
