@@ -194,9 +194,10 @@ class WorkerProcess:
     ``kill`` in a ``finally``) so no worker outlives its test.
     """
 
-    def __init__(self, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(self, env: Mapping[str, str], log_path: Path, args: Sequence[str] = ()) -> None:
         self.env = dict(env)
         self.log_path = log_path
+        self.args = tuple(args)  # after ``worker``: e.g. ``--processes 8``
         self.worker_id = self.env.get("DICOM_INGEST_WORKER_ID", "")
         self.started_at = 0.0
         self.spawned_wall = 0.0
@@ -213,7 +214,7 @@ class WorkerProcess:
             self.started_at = time.monotonic()
             self.spawned_wall = time.time()
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "ingest.cli", "worker"],
+                [sys.executable, "-m", "ingest.cli", "worker", *self.args],
                 cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,  # no terminal signals
                 preexec_fn=die_with_parent if sys.platform == "linux" else None,
@@ -353,25 +354,33 @@ class GroupProgress:
         self.topic = names.source_topic
         self.partitions = [TopicPartition(names.source_topic, p) for p in range(partitions)]
         self.published: dict[int, int] = dict.fromkeys(range(partitions), 0)
+        self._bootstrap = stack.kafka.bootstrap
         self._admin = AIOKafkaAdminClient(bootstrap_servers=stack.kafka.bootstrap)
-        self._producer = AIOKafkaProducer(bootstrap_servers=stack.kafka.bootstrap, acks="all")
 
     async def __aenter__(self) -> GroupProgress:
         await self._admin.start()
-        await self._producer.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._producer.stop()
         await self._admin.close()
 
     async def publish(self, messages: Sequence[bytes]) -> None:
-        """Send a batch (no key: spread over partitions), wait for every acknowledgement."""
-        futures = [await self._producer.send(self.topic, message) for message in messages]
-        await self._producer.flush()
-        for future in futures:
-            meta = await future
-            self.published[meta.partition] = max(self.published[meta.partition], meta.offset + 1)
+        """Send a batch (no key: spread over partitions), wait for every acknowledgement.
+
+        A producer per batch: one that lives across a broker restart can be left by
+        aiokafka holding a connection it no longer tracks, never closed.
+        """
+        producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all")
+        await producer.start()
+        try:
+            futures = [await producer.send(self.topic, message) for message in messages]
+            await producer.flush()
+            for future in futures:
+                meta = await future
+                end = max(self.published[meta.partition], meta.offset + 1)
+                self.published[meta.partition] = end
+        finally:
+            await producer.stop()
 
     async def committed(self) -> dict[int, int]:
         found = await self._admin.list_consumer_group_offsets(

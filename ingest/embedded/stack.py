@@ -282,11 +282,11 @@ async def _list_topics(bootstrap: str, timeout_ms: int) -> list[str]:
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
-    await admin.start()
     try:
+        await admin.start()
         return list(await admin.list_topics())
     finally:
-        await admin.close()
+        await admin.close()  # after a failed start too: its half-open connections with it
 
 
 @contextlib.contextmanager
