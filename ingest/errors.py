@@ -2,7 +2,11 @@
 
 Every failure the pipeline knows about is an ``IngestError``. Each class says
 whether trying again can help (``retriable``) and carries a short ``reason``
-code that ends up in the dead-letter record and the audit event. Foreign
+code that ends up in the dead-letter record and the audit event, and the
+``step`` of an object's way where it happened (``STEPS``), which the
+dead-letter record carries too: each class names its usual step, and the
+pipeline marks the DICOM errors and limits it meets in the Pixel Data, after
+the header, as ``decode`` (``ingest/pipeline/jobs.py``, ``decoding``). Foreign
 exceptions (botocore, aiokafka, pydicom) are translated into this tree in one
 place each (``fetch.translate_s3_error``, ``dicom.parse_header``), always with
 ``raise ... from``, so nothing outside those places looks at foreign types.
@@ -34,7 +38,12 @@ place each (``fetch.translate_s3_error``, ``dicom.parse_header``), always with
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
+
+STEPS: Final = ("notification", "get", "parse", "decode", "sink", "publish", "audit", "config")
+"""Where an error happened: reading the Kafka record, a GET from the source, the
+header, the Pixel Data (decoding and the device's preprocessing), writing outputs,
+producing results or dead letters, the audit trail (keys), the settings."""
 
 
 class IngestError(Exception):
@@ -42,6 +51,7 @@ class IngestError(Exception):
 
     retriable: ClassVar[bool] = False
     reason: ClassVar[str] = "error"
+    step: str = "decode"  # one of STEPS: the class's usual one, or what the pipeline saw
     attempts: int = 1  # set by the retry policy when it gives up
 
 
@@ -49,18 +59,21 @@ class ConfigError(IngestError):
     """A setting is missing or invalid; the message names the variable."""
 
     reason = "config"
+    step = "config"
 
 
 class NotificationError(IngestError):
     """A Kafka record could not be read as an S3 object notification."""
 
     reason = "bad_notification"
+    step = "notification"
 
 
 class SourceError(IngestError):
     """Reading the source object failed."""
 
     reason = "source"
+    step = "get"
 
 
 class SourceUnavailable(SourceError):
@@ -98,6 +111,7 @@ class DicomError(IngestError):
     """The object is not DICOM this worker can process."""
 
     reason = "dicom"
+    step = "parse"
 
 
 class NotDicom(DicomError):
@@ -137,12 +151,14 @@ class LimitExceeded(IngestError):
     """The input asks for more memory or work than the configured bounds allow."""
 
     reason = "limit_exceeded"
+    step = "parse"
 
 
 class ProcessingError(IngestError):
     """The preprocessing stage (GPU or its NumPy twin) failed."""
 
     reason = "processing"
+    step = "decode"
 
 
 class SinkError(IngestError):
@@ -150,6 +166,7 @@ class SinkError(IngestError):
 
     retriable = True
     reason = "sink"
+    step = "sink"
 
 
 class BrokerError(IngestError):
@@ -157,6 +174,7 @@ class BrokerError(IngestError):
 
     retriable = True
     reason = "broker"
+    step = "publish"
 
 
 class BrokerRejected(BrokerError):
@@ -171,6 +189,7 @@ class KeyServiceError(IngestError):
 
     retriable = True
     reason = "audit_key_service"
+    step = "audit"
 
 
 class KeyRefused(KeyServiceError):

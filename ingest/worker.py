@@ -339,9 +339,7 @@ class Worker:
             return
         except Exception as exc:  # a bug must cost one object, not the worker
             log.exception("internal error", key=key_digest(ref.key))
-            await self._fail(
-                progress, ref, ProcessingError(f"internal error: {type(exc).__name__}")
-            )
+            await self._fail(progress, ref, internal_error(exc))
             return
         # The result and the audit record go out together (one produce request when
         # they meet within linger_ms), then both acknowledgements are awaited.
@@ -366,6 +364,7 @@ class Worker:
         log.warning(
             "dead-lettered",
             reason=error.reason,
+            step=error.step,
             error=type(error).__name__,
             detail=str(error),
             attempts=error.attempts,
@@ -390,6 +389,19 @@ class Worker:
     async def _check_s3(self) -> None:
         assert self._ctx is not None
         await self._ctx.source.client.head_bucket(Bucket=self.settings.output_bucket)
+
+
+def internal_error(exc: BaseException) -> ProcessingError:
+    """A bug's dead-letter error: its type and where it was raised. Not its message,
+    which may hold any value the code had in hand (the log has the traceback)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = ""
+    if tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "?")
+        where = f" in {module}.{tb.tb_frame.f_code.co_name}, line {tb.tb_lineno}"
+    return ProcessingError(f"internal error: {type(exc).__name__}{where}")
 
 
 async def _close(aclose: Callable[[], Awaitable[None]]) -> None:

@@ -9,11 +9,15 @@ Tests share the stack, so each takes its topics, buckets and groups from
 from __future__ import annotations
 
 import itertools
+import logging
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+import structlog
 
 from ingest.embedded.stack import Stack, embedded_stack
 from tests.moto_kms import MotoServer, start_moto
@@ -24,6 +28,41 @@ _counter = itertools.count()
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def logging_as_found(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test leaves structlog, the root logger and SIGTERM's handler as it found them.
+
+    ``main`` sets these up for its process (``ingest/logs.py``): structlog with
+    ``cache_logger_on_first_use``, which binds a module's logger for good at its first
+    use, a redaction filter on every root handler (pytest's own, which live for the
+    session), and SIGTERM as Ctrl-C for the commands that own a stack. A test that
+    ran ``audit keygen`` (level WARNING) through ``main`` left the worker's loggers
+    silent below WARNING in every later test, whatever the configuration was restored
+    to: tests depended on their order. Loggers are not cached while a test runs, and
+    the rest is put back after.
+    """
+    saved = structlog.get_config()
+    configure = structlog.configure
+
+    def uncached(**settings: Any) -> None:
+        configure(**{**settings, "cache_logger_on_first_use": False})
+
+    monkeypatch.setattr(structlog, "configure", uncached)
+    root = logging.getLogger()
+    handlers = {handler: list(handler.filters) for handler in root.handlers}
+    level = root.level
+    sigterm = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, sigterm)
+    configure(**saved)
+    for handler in root.handlers[:]:
+        if handler not in handlers:  # basicConfig's, had the root none (pytest's are there)
+            root.removeHandler(handler)
+    for handler, filters in handlers.items():
+        handler.filters[:] = filters
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

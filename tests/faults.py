@@ -279,16 +279,24 @@ def _error_body(fault: Status, resource: str, request_id: str) -> bytes:
 class FaultProxy:
     """The proxy. ``async with FaultProxy(upstream, plan) as proxy:`` then use ``proxy.url``.
 
-    ``put_object`` is needed only by ``Replace`` rules. ``aclose`` stops the
-    server (held handlers, e.g. stalls, are cancelled) and closes the client.
+    ``put_object`` is needed only by ``Replace`` rules. ``idle_timeout_s`` closes a
+    client's keep-alive connection after that long without a request, as S3 servers
+    do (SeaweedFS: 120 s; aiohttp's default: an hour). ``aclose`` stops the server
+    (held handlers, e.g. stalls, are cancelled) and closes the client.
     """
 
     def __init__(
-        self, upstream: str, plan: FaultPlan, *, put_object: PutObject | None = None
+        self,
+        upstream: str,
+        plan: FaultPlan,
+        *,
+        put_object: PutObject | None = None,
+        idle_timeout_s: float = 3630.0,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.plan = plan
         self._put_object = put_object
+        self._idle_timeout_s = idle_timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.ServerRunner | None = None
         self._port = 0
@@ -308,7 +316,9 @@ class FaultProxy:
         )
         try:
             # handler_cancellation: a client that gives up on a stall ends the handler.
-            server = web.Server(self._handle, handler_cancellation=True)
+            server = web.Server(
+                self._handle, handler_cancellation=True, keepalive_timeout=self._idle_timeout_s
+            )
             self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)

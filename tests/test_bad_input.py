@@ -75,6 +75,18 @@ PATIENT_TEXT = ("PHANTOM", "SYNTHETIC", "CompressedSamples")  # names inside the
 DICOM_REASONS = {
     e.reason for e in (NotDicom, MalformedDicom, UnsupportedDicom, LimitExceeded, DicomError)
 }
+# The dead letter's step: of a reason that has one; a DICOM error's is "parse" in the
+# header and "decode" in the Pixel Data, as these show
+STEPS_OF = {NotificationError.reason: ("notification",), ObjectNotFound.reason: ("get",)}
+KNOWN_STEPS = {
+    "object:random-4k": "parse",
+    "object:cut-in-meta": "parse",
+    "object:ranged-cut-in-dataset": "parse",
+    "object:header-over-limit": "parse",
+    "object:enc-frame-3-lies": "decode",
+    "object:ranged-enc-frame-30-lies": "decode",
+    "object:ranged-enc-delimiter-at-frame-20": "decode",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -374,6 +386,9 @@ async def test_bad_inputs_interleaved_with_good_ones(stack: Stack) -> None:
             assert document["attempts"] == 1, record.label
             assert document["retriable"] is False, record.label
             assert document["error"], record.label
+            assert document["step"] in STEPS_OF.get(reason, ("parse", "decode")), record.label
+            if record.label in KNOWN_STEPS:
+                assert document["step"] == KNOWN_STEPS[record.label], (record.label, document)
             assert not any(text in document["error"] for text in PATIENT_TEXT), record.label
             if key:
                 assert document["bucket"] in (names.source_bucket, "b-no-such-bucket-dicom-ingest")

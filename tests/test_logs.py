@@ -5,11 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
 
+from ingest.cli import main
 from ingest.logs import configure_logging
 
 
@@ -86,3 +89,29 @@ def test_lines_follow_stderr_when_it_is_swapped_and_the_old_one_closed(
     monkeypatch.setattr("sys.stderr", recorder)
     log.warning("dependency unreachable", dependency="broker")
     assert [json.loads(text)["event"] for text in recorder.writes] == ["dependency unreachable"]
+
+
+# A module's logger as the worker's modules hold theirs: made at import, used much later.
+MODULE_LOG = structlog.get_logger("dicom_ingest.test_logs")
+
+
+def test_a_command_run_through_main_logs_at_its_own_level(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``audit keygen`` configures logging at WARNING for its process; the module's logger,
+    first used now, logs at that level. The next test must not inherit it."""
+    monkeypatch.setattr("sys.stderr", sys.__stderr__)
+    assert main(["audit", "keygen", "--keyring", str(tmp_path / "keyring.json")]) == 0
+    capsys.readouterr()
+    MODULE_LOG.info("quiet under the command's level")
+    assert "quiet under" not in capsys.readouterr().out
+
+
+def test_a_later_test_logs_as_configured_now_not_as_an_earlier_main_left_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Runs after the test above (file order): a logger cached with that test's
+    configuration (``cache_logger_on_first_use``) stayed at WARNING and wrote to
+    stderr for the rest of the session; structlog's default prints INFO to stdout."""
+    MODULE_LOG.info("heard at the default level")
+    assert "heard at the default level" in capsys.readouterr().out

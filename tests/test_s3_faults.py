@@ -36,6 +36,7 @@ from ingest.errors import (
 from ingest.fetch.planning import ByteRange
 from ingest.fetch.s3 import Presigned, S3Source
 from ingest.settings import Settings
+from ingest.worker import Outcome, Worker
 from tests import harness
 from tests.faults import (
     Fault,
@@ -77,7 +78,9 @@ def report_totals() -> Iterator[None]:
 
 
 @asynccontextmanager
-async def proxied(stack: Stack, plan: FaultPlan) -> AsyncIterator[FaultProxy]:
+async def proxied(
+    stack: Stack, plan: FaultPlan, idle_timeout_s: float = 3630.0
+) -> AsyncIterator[FaultProxy]:
     """The proxy in front of the stack's SeaweedFS; ``Replace`` writes straight upstream."""
     async with harness.s3_client(stack) as s3:
 
@@ -85,7 +88,9 @@ async def proxied(stack: Stack, plan: FaultPlan) -> AsyncIterator[FaultProxy]:
             await s3.put_object(Bucket=bucket, Key=key, Body=body)
 
         putter: PutObject = put
-        async with FaultProxy(stack.s3.endpoint_url, plan, put_object=putter) as proxy:
+        async with FaultProxy(
+            stack.s3.endpoint_url, plan, put_object=putter, idle_timeout_s=idle_timeout_s
+        ) as proxy:
             try:
                 yield proxy
             finally:
@@ -98,11 +103,13 @@ def settings_for(
     return harness.make_settings(
         stack,
         names,
-        s3_endpoint_url=proxy.url,
-        read_timeout_s=str(READ_TIMEOUT_S),
-        max_attempts=str(MAX_ATTEMPTS),
-        retry_max_wait_s=str(RETRY_MAX_WAIT_S),
-        **overrides,
+        **{
+            "s3_endpoint_url": proxy.url,
+            "read_timeout_s": str(READ_TIMEOUT_S),
+            "max_attempts": str(MAX_ATTEMPTS),
+            "retry_max_wait_s": str(RETRY_MAX_WAIT_S),
+            **overrides,
+        },
     )
 
 
@@ -451,6 +458,9 @@ async def test_worker_dead_letters_persistent_failures_and_keeps_going(stack: St
         "fail/denied.dcm": ("access_denied", 1),
         "fail/truncated.dcm": ("truncated_body", MAX_ATTEMPTS),
     }
+    for key, dead in run.dead.items():  # enough to tell what went wrong, and where
+        assert dead["step"] == "get", (key, dead)
+        assert dead["error"].startswith("GET bytes="), (key, dead)
     assert len(plan.seen("GET", "fail/first-503.dcm")) == MAX_ATTEMPTS  # bounded
     assert plan.seen("HEAD", "fail/first-503.dcm") == []  # no HEAD: the first GET tells all
     assert len(plan.seen("GET", "fail/denied.dcm")) == 1  # a 403 is not retried
@@ -562,4 +572,52 @@ async def test_worker_retries_output_faults_and_dead_letters_a_denied_output(
     big = f"out/{names.source_bucket}/multi/big.dcm.npy"
     assert sum("uploadId" in r.query for r in plan.seen("PUT", big, out)) >= 2  # multipart
     dead = run.dead["denied/MR_small.dcm"]
-    assert (dead["reason"], dead["attempts"]) == ("sink", 1), dead
+    assert (dead["reason"], dead["step"], dead["attempts"]) == ("sink", "sink", 1), dead
+    assert "access denied" in dead["error"], dead
+
+
+async def test_worker_reads_on_after_the_server_closed_its_idle_connections(
+    stack: Stack,
+) -> None:
+    """Reported: a worker idle for 400 s dead-lettered the next object (64 MB, multi-frame)
+    as ``source_unavailable`` after its attempts, each on a keep-alive connection that
+    SeaweedFS had closed meanwhile (it closes them after 120 s idle). Here the proxy
+    closes idle connections after a fraction of a second: the object after the pause
+    must be processed, and a dead connection must not cost an attempt."""
+    names = fresh_names(stack)
+    first = {"multi/before.dcm": synthetic_multiframe(40, 128, 128)}  # 20 ranges, 1.3 MB out
+    after = {"multi/after.dcm": synthetic_multiframe(24, 128, 96)}
+    await harness.upload(stack, names.source_bucket, [*first.items(), *after.items()])
+    idle_s = 0.3
+    outcomes: list[Outcome] = []
+    reached = {1: anyio.Event(), 2: anyio.Event()}
+
+    def on_outcome(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        reached[len(outcomes)].set()
+
+    async with proxied(stack, FaultPlan([]), idle_timeout_s=idle_s) as proxy:
+        # one attempt per request: any dead connection used would dead-letter the object
+        worker = Worker(settings_for(stack, names, proxy, max_attempts="1"), on_outcome)
+        async with anyio.create_task_group() as group:
+            await group.start(worker.run)
+            await harness.publish(
+                stack, names.source_topic, [harness.aws_notification(names.source_bucket, first)]
+            )
+            with anyio.fail_after(30):
+                await reached[1].wait()
+            assert worker._ctx is not None
+            pooled = worker._ctx.source.connections_opened
+            assert pooled >= 2, pooled  # connections that will be dead after the pause
+            await anyio.sleep(idle_s * 5)  # the proxy closes every one of them
+            await harness.publish(
+                stack, names.source_topic, [harness.aws_notification(names.source_bucket, after)]
+            )
+            with anyio.fail_after(30):
+                await reached[2].wait()
+            worker.stop()
+    assert [(o.ref.key if o.ref else None, o.error) for o in outcomes] == [
+        ("multi/before.dcm", None),
+        ("multi/after.dcm", None),
+    ]
+    assert await harness.read_json_topic(stack, names.dlq_topic) == []

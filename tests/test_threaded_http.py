@@ -8,6 +8,7 @@ usable ``Content-Range``, a body shorter than declared, keep-alive reuse.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import threading
@@ -18,12 +19,13 @@ from typing import ClassVar
 
 import pytest
 
-from ingest.fetch.http_answer import BodyCut, HttpStatusError, request_head
+from ingest.fetch.http_answer import BodyCut, HttpStatusError, NoAnswer, request_head
 from ingest.fetch.threaded_http import ConnectionPool, Transfer, get_into, put_from
 
 DATA = bytes(range(256)) * 64  # 16 KiB
 BIG = bytes(range(251)) * (4 * 1024 * 1024 // 251)  # ~4 MiB: read past the response's buffer
 STALL_S = 3.0
+IDLE_S = 0.2
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -34,6 +36,8 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def do_GET(self) -> None:
+        if self._hang_up():
+            return
         if self.path.startswith("/error"):
             body = b"<Error><Code>SlowDown</Code><Message>later</Message></Error>"
             self._answer(503, body, {})
@@ -77,8 +81,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         length = int(self.headers["Content-Length"])
-        _Handler.received.append(self.rfile.read(length))
+        body = self.rfile.read(length)
+        if self._hang_up():
+            return
+        _Handler.received.append(body)
         self._answer(200, b"", {"ETag": '"put-etag"'})
+
+    def _hang_up(self) -> bool:
+        """``/hangup``: close without answering; ``/hangup-reused``: the same, but only on a
+        connection that served a request before (a keep-alive server closing an idle
+        connection as the next request arrives)."""
+        self.served = getattr(self, "served", 0) + 1
+        if self.path.startswith("/hangup-reused") and self.served == 1:
+            return False
+        if self.path.startswith("/hangup"):
+            self.close_connection = True
+            return True
+        return False
 
     def _answer(self, status: int, body: bytes, headers: dict[str, str]) -> None:
         self.send_response(status)
@@ -89,14 +108,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+class _IdleClosingHandler(_Handler):
+    """Closes a keep-alive connection idle for ``IDLE_S``, as SeaweedFS does after 120 s."""
+
+    timeout = IDLE_S
+
+
 class _Server(ThreadingHTTPServer):
     def handle_error(self, request: object, client_address: object) -> None:
         return  # clients here hang up on purpose (cut bodies, aborts): not news
 
 
-@pytest.fixture
-def server() -> Iterator[str]:
-    httpd = _Server(("127.0.0.1", 0), _Handler)
+@contextlib.contextmanager
+def _serve(handler: type[_Handler]) -> Iterator[str]:
+    httpd = _Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -104,6 +129,18 @@ def server() -> Iterator[str]:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    with _serve(_Handler) as url:
+        yield url
+
+
+@pytest.fixture
+def idle_closing_server() -> Iterator[str]:
+    with _serve(_IdleClosingHandler) as url:
+        yield url
 
 
 @pytest.fixture
@@ -244,3 +281,66 @@ def test_a_header_value_with_a_line_break_is_refused_before_sending() -> None:
     assert request_head("GET", "/k", "h:1", {"Range": "bytes=0-9"}) == (
         b"GET /k HTTP/1.1\r\nHost: h:1\r\nAccept-Encoding: identity\r\nRange: bytes=0-9\r\n\r\n"
     )
+
+
+def _wait_until_closed_by_the_server(pool: ConnectionPool, url: str, count: int) -> None:
+    """Put ``count`` connections in the pool, each used once, and let the server close them."""
+    leases = [pool.take("http", url.removeprefix("http://")) for _ in range(count)]
+    for conn in leases:
+        conn.request("GET", "/obj", headers={"Range": "bytes=0-0"})
+        conn.getresponse().read()
+    for conn in leases:
+        pool.give("http", url.removeprefix("http://"), conn)
+    time.sleep(IDLE_S * 3)
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT"])
+def test_idle_connections_the_server_closed_are_dropped_not_used(
+    idle_closing_server: str, pool: ConnectionPool, method: str
+) -> None:
+    """More dead connections in the pool than a request has attempts: the request still
+    goes out on a live connection, first time (reported: a worker idle for 400 s
+    dead-lettered its next object after 5 attempts on 5 dead connections)."""
+    _wait_until_closed_by_the_server(pool, idle_closing_server, 6)
+    assert pool.opened == 6
+    if method == "PUT":
+        pieces = [memoryview(b"after a quiet spell")]
+        assert put_from(pool, f"{idle_closing_server}/out.npy", {}, pieces) == '"put-etag"'
+    else:
+        target = bytearray(4096)
+        url = f"{idle_closing_server}/obj"
+        answer = get_into(pool, url, {"Range": "bytes=0-4095"}, memoryview(target))
+        assert (answer.status, bytes(target)) == (206, DATA[:4096])
+    assert (pool.dropped, pool.opened) == (6, 7)  # each dead one seen and closed, one made
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT"])
+def test_a_reused_connection_closed_as_the_request_arrives_is_replaced_once(
+    server: str, pool: ConnectionPool, method: str
+) -> None:
+    """The server hangs up a kept-alive connection just as the next request comes (the
+    pool's check cannot see that coming): sent again on a new connection, answered."""
+
+    def request() -> object:
+        url = f"{server}/hangup-reused"
+        if method == "PUT":
+            return put_from(pool, url, {}, [memoryview(b"x")])
+        return get_into(pool, url, {"Range": "bytes=0-99"}, memoryview(bytearray(100))).status
+
+    assert request() in (206, '"put-etag"')  # a new connection: answered, kept
+    assert request() in (206, '"put-etag"')  # kept one hung up on; sent again on a new one
+    assert pool.opened == 2
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT"])
+def test_a_new_connection_that_ends_without_an_answer_fails_at_once(
+    server: str, pool: ConnectionPool, method: str
+) -> None:
+    url = f"{server}/hangup"
+    if method == "PUT":
+        with pytest.raises(NoAnswer):
+            put_from(pool, url, {}, [memoryview(b"x")])
+    else:
+        with pytest.raises(NoAnswer):
+            get_into(pool, url, {"Range": "bytes=0-9"}, memoryview(bytearray(10)))
+    assert pool.opened == 1  # not sent again: only a reused connection's hang-up is

@@ -87,7 +87,6 @@ class AuditPublisher:
         self._rotate = (s.audit_rotate_records, s.audit_rotate_s) if s else (1 << 20, 86_400.0)
         self._digest_every = (s.audit_digest_records, s.audit_digest_s) if s else (1000, 60.0)
         self._ack_timeout = s.audit_ack_timeout_s if s else 10.0
-        self._forward = anyio.Event()
         self.rotations = 0
 
     @property
@@ -172,8 +171,7 @@ class AuditPublisher:
             except Exception as exc:  # any failure: the spool takes it and what follows it
                 log.warning("audit topic refused; spooling", error=type(exc).__name__)
         for message in waiting:
-            await self._spool.append(message)
-            self._forward.set()
+            await self._spool.append(message)  # wakes the forwarder
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Periodic digests and the spool's forwarder; runs until cancelled."""
@@ -191,11 +189,7 @@ class AuditPublisher:
     async def _forwarder(self) -> None:
         assert self._spool is not None
         while True:
-            message = self._spool.oldest()
-            if message is None:
-                self._forward = anyio.Event()
-                await self._forward.wait()
-                continue
+            message = await self._spool.next_to_forward()
             with anyio.move_on_after(self._ack_timeout):
                 try:
                     delivery = await self._publisher.enqueue(self._topic, message, self._key)

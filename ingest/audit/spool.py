@@ -45,7 +45,8 @@ class Spool:
                 entry.unlink()  # a write a crash cut short: its record was never acknowledged
         self._next = self._files[-1][0] + 1 if self._files else 0
         self._bytes = sum(size for _, size in self._files)
-        self._room = anyio.Event()
+        self._room = anyio.Event()  # set by drop_oldest: an append that waits may fit now
+        self._added = anyio.Event()  # set by append: the forwarder has something to send
 
     def __len__(self) -> int:
         return len(self._files)
@@ -66,13 +67,15 @@ class Spool:
             OSError: the disk refused (full, read-only): the record is not acknowledged.
         """
         while self._files and self._bytes + len(message) > self._max:
-            self._room = anyio.Event()
+            if self._room.is_set():  # a new one only once set: a waiter never misses a drop
+                self._room = anyio.Event()
             await self._room.wait()
         number = self._next
         self._next += 1
         await anyio.to_thread.run_sync(self._write, number, message)
         self._files.append((number, len(message)))
         self._bytes += len(message)
+        self._added.set()
 
     def _write(self, number: int, message: bytes) -> None:
         final = self._dir / f"{number:020d}.msg"
@@ -95,6 +98,19 @@ class Spool:
         if not self._files:
             return None
         return (self._dir / f"{self._files[0][0]:020d}.msg").read_bytes()
+
+    async def next_to_forward(self) -> bytes:
+        """The oldest message, once there is one. Every ``append`` wakes this itself: an
+        append that began while the spool held messages may end after the forwarder
+        emptied it, and a wake-up left to the appender's caller was lost there (the
+        forwarder slept while the spool filled up and the worker paused for good)."""
+        while not self._files:
+            if self._added.is_set():
+                self._added = anyio.Event()
+            await self._added.wait()
+        message = self.oldest()
+        assert message is not None
+        return message
 
     def drop_oldest(self) -> None:
         """The oldest message was acknowledged by the topic: forget it."""

@@ -11,8 +11,9 @@ The body is received straight into the caller's memory, in one
 ``recv(MSG_WAITALL)`` on plain connections.
 
 Failures: ``HttpStatusError`` (an error status, or a data answer S3 would not
-send), ``BodyCut`` (the body ended or broke before its length), the socket's
-own ``OSError``/``TimeoutError``.
+send), ``BodyCut`` (the body ended or broke before its length), ``NoAnswer``
+(the connection ended before the answer began), the socket's own
+``OSError``/``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ class HttpStatusError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+class NoAnswer(ConnectionResetError):
+    """The connection ended (closed or reset) before the first byte of an answer.
+
+    On a reused keep-alive connection it means the server closed the connection
+    while it sat idle in the pool (SeaweedFS does after ``-s3.idleTimeout``, 120 s
+    by default) just as the request went out, so the request did not reach it:
+    ``threaded_http`` sends it again on a new connection. Otherwise it is a reset
+    like any other (retriable).
+    """
 
 
 class BodyCut(Exception):
@@ -97,9 +109,16 @@ def _read_head(sock: socket.socket) -> _Head:
         if end < 0:
             if filled == HEAD_LIMIT:
                 raise ConnectionError(f"the answer's head is over {HEAD_LIMIT} bytes")
-            n = sock.recv_into(view[filled:])
+            try:
+                n = sock.recv_into(view[filled:])
+            except ConnectionError as exc:
+                if filled:
+                    raise
+                raise NoAnswer(f"the connection broke before an answer: {exc}") from exc
+            if not n and filled:
+                raise ConnectionResetError("the server closed the connection inside the answer")
             if not n:
-                raise ConnectionResetError("the server closed the connection without answering")
+                raise NoAnswer("the server closed the connection without answering")
             filled += n
             continue
         lines = bytes(buffer[:end]).split(b"\r\n")

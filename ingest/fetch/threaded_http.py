@@ -27,6 +27,15 @@ server answered an error status, or a data answer S3 would not send),
 ``BodyCut`` (the body ended or broke before its length; both defined in
 ``http_answer.py``) or the socket's own ``OSError``/``TimeoutError``;
 ``ingest/fetch/s3.py`` maps them onto ``ingest.errors``.
+
+Servers close keep-alive connections that sit idle (SeaweedFS after 120 s), so
+after a quiet spell the pool holds as many dead connections as there were
+requests in flight before it, more than the retry policy's attempts. A dead
+connection is not a failure of the request: the pool drops the idle ones the
+server has hung up on (the socket reads as ready: end of stream) before
+handing one out, and a request whose reused connection ends before any
+answer (the server hung up as it went out) is sent once more on a new
+connection, outside the retry policy's count.
 """
 
 from __future__ import annotations
@@ -34,11 +43,14 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import select
 import socket
 import ssl
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from ingest import metrics
@@ -47,10 +59,13 @@ from ingest.fetch.http_answer import (
     RECV_WAITALL,
     Answer,
     HttpStatusError,
+    NoAnswer,
     error_code,
     read_answer,
     request_head,
 )
+
+T = TypeVar("T")
 
 
 def ca_bundle(configured: Path | None) -> str | None:
@@ -125,14 +140,27 @@ class ConnectionPool:
         )
         self._closed = False
         self.opened = 0  # connections made, over the pool's life (reuse shows as few)
+        self.dropped = 0  # idle connections the server had closed, found when taken
 
-    def take(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
+    def take(self, scheme: str, netloc: str, *, fresh: bool = False) -> http.client.HTTPConnection:
+        """An idle connection the server has not closed, else a new (unconnected) one;
+        with ``fresh`` always a new one. A reused connection is the one with a socket."""
+        while not fresh:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the connection pool is closed")
+                idle = self._idle[(scheme, netloc)]
+                if not idle:
+                    break
+                conn = idle.pop()
+            if not _hung_up(conn):
+                return conn
+            conn.close()
+            with self._lock:
+                self.dropped += 1
         with self._lock:
             if self._closed:
                 raise RuntimeError("the connection pool is closed")
-            idle = self._idle[(scheme, netloc)]
-            if idle:
-                return idle.pop()
             self.opened += 1
         if scheme == "https":
             return http.client.HTTPSConnection(
@@ -162,6 +190,27 @@ class ConnectionPool:
         return self._read_timeout
 
 
+def _hung_up(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection is unusable: no socket, or a socket that reads as ready.
+
+    An idle keep-alive connection has nothing to read until it sends a request;
+    ready means the server closed it (end of stream, or a reset) or sent
+    something unasked, either way not a connection to send a request on. One
+    ``poll`` with no wait, as urllib3's ``is_connection_dropped`` does.
+    """
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):  # closed under us: a descriptor of -1
+        return True
+
+
 @metrics.timed("fetch", metrics.RANGES_IN_FLIGHT)
 def get_into(
     pool: ConnectionPool,
@@ -182,13 +231,21 @@ def get_into(
     Raises:
         HttpStatusError: any status but 200/206.
         BodyCut: the body ended or broke before its length.
-        OSError, TimeoutError: connecting or sending failed, or a read timed out.
+        OSError, TimeoutError: connecting or sending failed, or a read timed out
+            (``NoAnswer``: a new connection ended before answering).
     """
-    with _Lease(pool, url, transfer) as lease:
+
+    def exchange(lease: _Lease) -> Answer:
         sock = lease.conn.sock
-        sock.sendall(request_head("GET", lease.path, lease.host, headers))
+        request = request_head("GET", lease.path, lease.host, headers)
+        try:
+            sock.sendall(request)
+        except ConnectionError as exc:
+            raise NoAnswer(f"the connection broke while sending: {exc}") from exc
         answer, lease.reusable = read_answer(sock, target, waitall=lease.plain and RECV_WAITALL)
         return answer
+
+    return _exchange(pool, url, transfer, exchange)
 
 
 @metrics.timed("sink", metrics.PUTS_IN_FLIGHT)
@@ -203,23 +260,53 @@ def put_from(
 
     Raises:
         HttpStatusError: any status but 200.
-        OSError, TimeoutError: connecting, sending or reading the answer failed.
+        OSError, TimeoutError: connecting, sending or reading the answer failed
+            (``NoAnswer``: a new connection ended before answering).
     """
-    with _Lease(pool, url, transfer) as lease:
+
+    def exchange(lease: _Lease) -> str:
         conn = lease.conn
-        conn.putrequest("PUT", lease.path, skip_accept_encoding=True)
-        for name, value in {**headers, "Content-Length": str(sum(map(len, body)))}.items():
-            conn.putheader(name, value)
-        conn.endheaders()
-        for piece in body:
-            conn.send(piece)
-        response = conn.getresponse()
+        try:
+            conn.putrequest("PUT", lease.path, skip_accept_encoding=True)
+            for name, value in {**headers, "Content-Length": str(sum(map(len, body)))}.items():
+                conn.putheader(name, value)
+            conn.endheaders()
+            for piece in body:
+                conn.send(piece)
+            response = conn.getresponse()  # RemoteDisconnected: closed without a status line
+        except ConnectionError as exc:
+            raise NoAnswer(f"the connection ended before an answer: {exc}") from exc
         answer = response.read(ERROR_BODY_LIMIT)
         if response.status != 200:
             code = error_code(answer)
             raise HttpStatusError(response.status, code, f"S3 answered {response.status} {code}")
         lease.reusable = response.isclosed()
         return (response.getheader("ETag") or "").strip()
+
+    return _exchange(pool, url, transfer, exchange)
+
+
+def _exchange(
+    pool: ConnectionPool, url: str, transfer: Transfer | None, exchange: Callable[[_Lease], T]
+) -> T:
+    """``exchange`` on a pooled connection; if that connection was reused and ended before
+    any answer, once more on a new one.
+
+    The pool's check (``_hung_up``) misses a server that closes the idle connection
+    while the request is on its way; the request then never reached it, so sending
+    it again is not a retry of a failed request and is not counted as one. Both our
+    requests are idempotent (a GET; a PUT of the same bytes to the same key or part).
+    A new connection that ends before answering is a failure like any other.
+    """
+    transfer = transfer or Transfer()
+    with _Lease(pool, url, transfer) as lease:
+        try:
+            return exchange(lease)
+        except NoAnswer:
+            if not lease.reused or transfer.aborted:
+                raise
+    with _Lease(pool, url, transfer, fresh=True) as lease:
+        return exchange(lease)
 
 
 class _Lease:
@@ -229,17 +316,20 @@ class _Lease:
     answer was read to the end); otherwise it is closed.
     """
 
-    def __init__(self, pool: ConnectionPool, url: str, transfer: Transfer | None) -> None:
+    def __init__(
+        self, pool: ConnectionPool, url: str, transfer: Transfer, *, fresh: bool = False
+    ) -> None:
         parts = urlsplit(url)
         self.path = parts.path + (f"?{parts.query}" if parts.query else "")
         self._pool = pool
         self._where = (parts.scheme, parts.netloc)
-        self._transfer = transfer or Transfer()
+        self._transfer = transfer
         default_port = {"http": 80, "https": 443}.get(parts.scheme)
         self.host = parts.hostname or "" if parts.port in (None, default_port) else parts.netloc
         if ":" in self.host and not self.host.startswith("["):  # an IPv6 address
             self.host = f"[{self.host}]"
-        self.conn = pool.take(*self._where)
+        self.conn = pool.take(*self._where, fresh=fresh)
+        self.reused = self.conn.sock is not None  # connected before: it sat in the pool
         self.plain = parts.scheme == "http"  # not TLS: MSG_WAITALL may be used
         self.reusable = False
 

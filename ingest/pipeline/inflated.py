@@ -50,7 +50,7 @@ from ingest.pipeline.decoded import (
     frames_per_group,
     out_itemsize,
 )
-from ingest.pipeline.jobs import Context, Done, Located, Target, object_reads
+from ingest.pipeline.jobs import Context, Done, Located, Target, decoding, object_reads
 from ingest.sink.records import Timings
 
 STEP = 1024 * 1024  # inflated bytes a step (one hand-off to a thread)
@@ -191,13 +191,14 @@ async def _inflate(
     async with ctx.sink.array(npy_key, header.pixel.shape, dtype) as out:
         pixels = prefix[header.pixel_offset :]
         del prefix
-        await _frames(ctx, obj.target, header, data_set, pixels, out.write)
-        await data_set.skip_to_end()
-        if data_set.position < header.pixel_offset + header.pixel_length:
-            raise MalformedDicom(
-                f"{NAME}: Pixel Data length runs past the end of the"
-                f" {data_set.position}-byte inflated data set"
-            )
+        with decoding():
+            await _frames(ctx, obj.target, header, data_set, pixels, out.write)
+            await data_set.skip_to_end()
+            if data_set.position < header.pixel_offset + header.pixel_length:
+                raise MalformedDicom(
+                    f"{NAME}: Pixel Data length runs past the end of the"
+                    f" {data_set.position}-byte inflated data set"
+                )
     timings.device_s = time.perf_counter() - started
     return header, timings
 

@@ -1,15 +1,16 @@
 """What an object task shares between its two read paths: the services it uses
 (``Context``), the object version being read (``Located``, ``Target``), how a large
 object's Pixel Data goes to the device (``device_plan``, ``pixel_chunks``), the device
-job for a chunk of pixels (``chunk_job``: it also hands the result to a user hook), and
-the timings.
+job for a chunk of pixels (``chunk_job``: it also hands the result to a user hook), the
+timings, and the step an error of the Pixel Data belongs to (``decoding``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from ingest.dicom.decoders import DecodePool
 from ingest.dicom.device_codecs import device_colour, device_format
 from ingest.dicom.fragments import ITEM_HEADER, check_items, chunk_fragments
 from ingest.dicom.parse import DicomHeader
+from ingest.errors import DicomError, LimitExceeded
 from ingest.fetch.digest import Digests, SourceDigest
 from ingest.fetch.ordered_reads import InOrder, ordered_reads
 from ingest.fetch.planning import ByteRange, PixelChunk, chunk_pixels
@@ -49,6 +51,19 @@ DEVICE_WINDOW_BYTES = 128 * 1024 * 1024
 HOST_CHUNK_BYTES = 16 * 1024 * 1024
 HOST_WINDOW_BYTES = 32 * 1024 * 1024
 SINK_CHUNK_BYTES = MIN_PART
+
+
+@contextlib.contextmanager
+def decoding() -> Iterator[None]:
+    """Inside: the Pixel Data, once its header is parsed. A DICOM error or a limit met here
+    (a fragment that lies, a frame that does not decode or is too large) is the
+    ``decode`` step's in the dead-letter record, not the header's (``parse``: their
+    class's step); errors of other steps (a GET, the sink) keep theirs."""
+    try:
+        yield
+    except (DicomError, LimitExceeded) as exc:
+        exc.step = "decode"
+        raise
 
 
 @dataclass(frozen=True, slots=True)

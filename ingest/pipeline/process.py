@@ -33,7 +33,7 @@ from ingest.fetch.planning import first_read
 from ingest.fetch.ring import Slot
 from ingest.pipeline.decoded import decode_whole
 from ingest.pipeline.inflated import inflate_ranged, inflate_whole
-from ingest.pipeline.jobs import Context, Done, Located, chunk_job, pixel_chunks
+from ingest.pipeline.jobs import Context, Done, Located, chunk_job, decoding, pixel_chunks
 from ingest.pipeline.large import read_header, read_large
 from ingest.settings import Settings
 from ingest.sink.output import output_keys
@@ -91,7 +91,8 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
         slot.release()
     if not small:
         if deflated_at is None:
-            done = await read_large(ctx, obj, layout, prefix, hasher, npy_key)
+            with decoding():
+                done = await read_large(ctx, obj, layout, prefix, hasher, npy_key)
         else:
             done = await inflate_ranged(ctx, obj, probe, deflated_at, npy_key)
         done[3].parse_s += parse_s
@@ -137,20 +138,24 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _
         done = await inflate_whole(ctx, obj, data, parsed.deflated_at, digests, npy_key)
         done[3].parse_s += parsed.seconds
         return done
-    timings = Timings(parse_s=parsed.seconds)
-    if header.codec is not None:
-        value = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
+    with decoding():  # the header is parsed: what goes wrong now is in the Pixel Data
+        timings = Timings(parse_s=parsed.seconds)
+        if header.codec is not None:
+            value = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
+            t = time.perf_counter()
+            shape, dtype = header.pixel.shape, ctx.settings.output_dtype
+            async with ctx.sink.array(npy_key, shape, dtype) as out:
+                await decode_whole(ctx, obj.target, header, value, out.write)
+            timings.device_s = time.perf_counter() - t
+            return header, digests, ctx.device.backend, timings
+        # one chunk: a "part" larger than the object holds all its frames and item headers
+        chunk = pixel_chunks(header, obj.head.size + 2 * ITEM_HEADER)[0]
+        view = data[chunk.range.start : chunk.range.end]
         t = time.perf_counter()
-        async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
-            await decode_whole(ctx, obj.target, header, value, out.write)
-        timings.device_s = time.perf_counter() - t
+        shape, dtype = header.pixel.shape, ctx.settings.output_dtype
+        async with ctx.sink.array(npy_key, shape, dtype) as out:
+            job = chunk_job(ctx, obj.target, header, slot, view, chunk)
+            result = await ctx.device.process(job)
+            timings.device_s = time.perf_counter() - t
+            await out.write(result.host)  # None when the sink is off: a hook has the values
         return header, digests, ctx.device.backend, timings
-    # one chunk: a "part" larger than the object holds all its frames and item headers
-    chunk = pixel_chunks(header, obj.head.size + 2 * ITEM_HEADER)[0]
-    view = data[chunk.range.start : chunk.range.end]
-    t = time.perf_counter()
-    async with ctx.sink.array(npy_key, header.pixel.shape, ctx.settings.output_dtype) as out:
-        result = await ctx.device.process(chunk_job(ctx, obj.target, header, slot, view, chunk))
-        timings.device_s = time.perf_counter() - t
-        await out.write(result.host)  # None when the sink is off: a hook has the values
-    return header, digests, ctx.device.backend, timings

@@ -125,7 +125,9 @@ def record_summary(
 def dead_letter(
     record: dict[str, Any], ref: ObjectRef | None, error: IngestError, worker: str
 ) -> dict[str, Any]:
-    """The dead-letter document: original record, object, error type, message, attempts."""
+    """The dead-letter document: original record, object, and what went wrong: the error's
+    type, reason, step (``errors.STEPS``), message (the type's description when it has
+    none) and the attempts made."""
     return {
         "record": record,
         "bucket": ref.bucket if ref else None,
@@ -134,12 +136,17 @@ def dead_letter(
         "etag": ref.etag if ref else None,
         "error_type": type(error).__name__,
         "reason": error.reason,
-        "error": str(error),
+        "step": error.step,
+        "error": str(error) or _first_line(type(error).__doc__) or type(error).__name__,
         "retriable": error.retriable,
         "attempts": error.attempts,
         "worker": worker,
         "time": _now(),
     }
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().split("\n", 1)[0]
 
 
 def success_event(done: Processed) -> AuditEvent:
