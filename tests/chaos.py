@@ -364,8 +364,9 @@ class GroupProgress:
     async def __aexit__(self, *exc: object) -> None:
         await self._admin.close()
 
-    async def publish(self, messages: Sequence[bytes]) -> None:
-        """Send a batch (no key: spread over partitions), wait for every acknowledgement.
+    async def publish(self, messages: Sequence[bytes], round_robin: bool = False) -> None:
+        """Send a batch (no key: spread over partitions by the producer, or ``round_robin``
+        over every partition), wait for every acknowledgement.
 
         A producer per batch: one that lives across a broker restart can be left by
         aiokafka holding a connection it no longer tracks, never closed.
@@ -373,7 +374,12 @@ class GroupProgress:
         producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all")
         await producer.start()
         try:
-            futures = [await producer.send(self.topic, message) for message in messages]
+            futures = [
+                await producer.send(
+                    self.topic, m, partition=i % len(self.partitions) if round_robin else None
+                )
+                for i, m in enumerate(messages)
+            ]
             await producer.flush()
             for future in futures:
                 meta = await future

@@ -20,6 +20,7 @@ must have seen every record the read from the start found.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -78,6 +79,29 @@ class GroupChaosConfig:
     finish_timeout_s: float = 240.0
     live_catch_up_s: float = 30.0
     shutdown_deadline_s: float = 10.0
+    device: str = "cpu"  # DICOM_INGEST_DEVICE of every worker: "auto" on a GPU machine
+
+
+FULL = GroupChaosConfig(
+    seed=20261127,
+    ct_slices=4000,
+    multiframes=40,
+    not_dicom_objects=8,
+    truncated=8,
+    missing=4,
+    bad_notifications=6,
+    partitions=8,
+    processes=8,
+    child_kills=20,
+    supervisor_kills=2,
+    broker_restarts=2,
+    scale_outs=2,
+    events_between_batches=1,
+    progress_between_events=60,
+    finish_timeout_s=900,
+)
+"""The long run: ``--processes 8``, 4,000+ objects in 8 partitions, 20 child SIGKILLs,
+2 of the supervisor, 2 broker restarts, 2 workers joining and leaving."""
 
 
 @dataclass(slots=True)
@@ -304,7 +328,9 @@ async def run_group_chaos(
     batches = max(1, -(-len(events) // per))
     size = -(-len(messages) // batches)
     await anyio.Path(workdir).mkdir(parents=True, exist_ok=True)
-    env = worker_environment(stack, names, shutdown_deadline_s=str(config.shutdown_deadline_s))
+    env = worker_environment(
+        stack, names, shutdown_deadline_s=str(config.shutdown_deadline_s), device=config.device
+    )
     report = GroupChaosReport()
     report.consistency = ChaosReport(
         objects=len(corpus.objects),
@@ -414,3 +440,32 @@ async def _compare_live(
     report.unseen_results = sorted(results - set(live.results))
     report.unseen_dead_letters = sorted(dead - set(live.dead_letters))
     report.both_result_and_dead_letter = sorted(results & dead)
+
+
+def main() -> None:
+    """``python -m tests.chaos_group [RUNS] [DEVICE]``: the long run RUNS times, each on a
+    stack of its own, printing each report and a last line of totals."""
+    import dataclasses
+    import sys
+    import tempfile
+
+    from ingest.embedded.stack import embedded_stack
+
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    lost = unseen = failed = 0
+    for run in range(runs):
+        config = dataclasses.replace(FULL, seed=FULL.seed + run, device=device)
+        with tempfile.TemporaryDirectory() as workdir, embedded_stack(durable_broker=True) as stack:
+            report = asyncio.run(run_group_chaos(stack, config, Path(workdir)))
+        c = report.consistency
+        lost += len(c.outputs_missing) + len(c.results_missing) + len(c.dlq_missing)
+        unseen += len(report.unseen_results) + len(report.unseen_dead_letters)
+        failed += bool(report.problems())
+        print(f"run {run + 1}/{runs} seed {config.seed}:\n{report.format()}", flush=True)
+        print("\n".join(report.event_log), flush=True)
+    print(f"TOTAL runs {runs}: with problems {failed}, lost {lost}, unseen {unseen}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,7 @@ import pytest
 from ingest.embedded.stack import Stack, embedded_stack
 from tests.chaos import no_orphans
 from tests.chaos_group import (
+    FULL,
     KILL_CHILD,
     KILL_SUPERVISOR,
     RESTART_BROKER,
@@ -75,24 +76,7 @@ def test_group_chaos_short(durable_stack: Stack, tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_group_chaos_full(durable_stack: Stack, tmp_path: Path) -> None:
-    config = GroupChaosConfig(
-        seed=20261127,
-        ct_slices=4000,
-        multiframes=40,
-        not_dicom_objects=8,
-        truncated=8,
-        missing=4,
-        bad_notifications=6,
-        partitions=8,
-        processes=8,
-        child_kills=20,
-        supervisor_kills=2,
-        broker_restarts=2,
-        scale_outs=2,
-        events_between_batches=1,
-        progress_between_events=60,
-        finish_timeout_s=900,
-    )
+    config = FULL
     report = _run(durable_stack, config, tmp_path)
     _check(report, config)
     assert report.consistency.objects >= 4000

@@ -386,16 +386,7 @@ async def _setup(stack: Stack, corpus: Corpus) -> harness.Names:
 
 async def _publish_round_robin(progress: GroupProgress, messages: list[bytes]) -> None:
     """Spread over every partition, so that both children get work whatever they are assigned."""
-    producer = progress._producer
-    futures = [
-        await producer.send(progress.topic, m, partition=i % PARTITIONS)
-        for i, m in enumerate(messages)
-    ]
-    for future in futures:
-        meta = await future
-        progress.published[meta.partition] = max(
-            progress.published[meta.partition], meta.offset + 1
-        )
+    await progress.publish(messages, round_robin=True)
 
 
 async def _until_committed(
