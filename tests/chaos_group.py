@@ -116,6 +116,7 @@ class GroupChaosReport:
     unseen_results: list[str] = field(default_factory=list)
     unseen_dead_letters: list[str] = field(default_factory=list)
     both_result_and_dead_letter: list[str] = field(default_factory=list)
+    backends: Counter[str] = field(default_factory=Counter)  # result records by "backend"
     consistency: ChaosReport = field(default_factory=ChaosReport)
     wall_s: float = 0.0
 
@@ -135,7 +136,7 @@ class GroupChaosReport:
         return "\n".join(
             [
                 f"events {dict(self.events)}; supervisors started {self.supervisors};"
-                f" wall {self.wall_s:.1f} s",
+                f" wall {self.wall_s:.1f} s; results by backend {dict(self.backends)}",
                 f"live view: {self.live_results} result records,"
                 f" {self.live_dead_letters} dead letters; unseen results"
                 f" {len(self.unseen_results)}, unseen dead letters"
@@ -433,7 +434,9 @@ async def _wait_until_seen(
 async def _compare_live(
     live: LiveView, stack: Stack, names: harness.Names, report: GroupChaosReport
 ) -> None:
-    results = {_document_key(d) for d in await harness.read_json_topic(stack, names.results_topic)}
+    documents = await harness.read_json_topic(stack, names.results_topic)
+    report.backends = Counter(str(d.get("backend")) for d in documents)
+    results = {_document_key(d) for d in documents}
     dead = {_document_key(d) for d in await harness.read_json_topic(stack, names.dlq_topic)}
     report.live_results = sum(live.results.values())
     report.live_dead_letters = sum(live.dead_letters.values())
