@@ -446,8 +446,8 @@ async def _compare_live(
 
 
 def main() -> None:
-    """``python -m tests.chaos_group [RUNS] [DEVICE]``: the long run RUNS times, each on a
-    stack of its own, printing each report and a last line of totals."""
+    """``python -m tests.chaos_group [RUNS] [DEVICE] [FIRST]``: the long run RUNS times (seeds
+    from FULL's + FIRST), each on a stack of its own, printing each report and the totals."""
     import dataclasses
     import sys
     import tempfile
@@ -456,9 +456,10 @@ def main() -> None:
 
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    first = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     lost = unseen = failed = 0
     for run in range(runs):
-        config = dataclasses.replace(FULL, seed=FULL.seed + run, device=device)
+        config = dataclasses.replace(FULL, seed=FULL.seed + first + run, device=device)
         with tempfile.TemporaryDirectory() as workdir, embedded_stack(durable_broker=True) as stack:
             report = asyncio.run(run_group_chaos(stack, config, Path(workdir)))
         c = report.consistency
