@@ -43,10 +43,7 @@ from pydicom.encaps import generate_frames
 from pydicom.uid import UID, JPEGBaseline8Bit, RLELossless
 
 from ingest.dicom.codec import decode_encapsulated
-from ingest.dicom.codec_read import syntax_name
-from ingest.dicom.encapsulated import value_ranges
-from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
-from ingest.dicom.splitter import FrameSplitter
+from ingest.dicom.parse import DicomHeader
 from ingest.dicom.syntaxes import is_compressed
 from ingest.embedded import samples
 from ingest.embedded.samples_compressed import CT_SYNTAXES, compressed_ct
@@ -58,13 +55,11 @@ from ingest.errors import (
     NotDicom,
     UnsupportedDicom,
 )
-from ingest.pipeline.decoded import (
-    MAX_FRAME_GROWTH,
-    check_frame_size,
-    compressed_frames,
-    frame_groups,
-    named,
-)
+from ingest.fetch.planning import ByteRange, first_read
+from ingest.pipeline.decoded import compressed_frames, frame_groups
+from ingest.pipeline.large import header_or_more
+from ingest.pipeline.process import whole_header
+from ingest.pipeline.streamed import frame_stream
 
 PART_SIZE: Final = 64 * 1024
 MAX_HEADER_BYTES: Final = 256 * 1024
@@ -1000,65 +995,47 @@ def decode_as_worker(data: bytes) -> npt.NDArray[Any] | None:
     """What the worker's decode stage makes of a compressed object, in this process; None
     when the object is not compressed.
 
-    As the worker reads it (``ingest/pipeline``): an object of at most ``PART_SIZE``
-    whole (``compressed_frames``, ``decode_whole``); a larger one from a header probe
-    grown while the parser asks, then its Pixel Data in ``PART_SIZE`` ranges through a
-    ``FrameSplitter`` (``decode_streamed``). Frames decode in the worker's groups.
+    The worker's own functions on the object's bytes, read from memory instead of S3:
+    the first GET (``first_read``) holds an object of at most ``PART_SIZE`` whole
+    (``whole_header``, ``compressed_frames``); a larger one is a header probe, grown
+    while the parser asks (``header_or_more``), then its Pixel Data in ranges
+    (``frame_stream``). Frames decode in the worker's groups (``frame_groups``), on
+    the CPU.
 
     Raises:
         IngestError: what the worker would dead-letter the object with.
     """
-    size = len(data)
-    if size <= PART_SIZE:
-        header = parse_header(data, size, max_header_bytes=MAX_HEADER_BYTES)
-        if isinstance(header, NeedMoreBytes):
-            raise MalformedDicom("the header does not end inside the object")
-        if header.codec is None or not is_compressed(header.codec.transfer_syntax_uid):
+    view, size = memoryview(data), len(data)
+    first = first_read(size, PART_SIZE, MAX_HEADER_BYTES)
+    frames: list[bytes | memoryview]
+    if first.end == size:
+        header = whole_header(view, MAX_HEADER_BYTES)
+        if not _compressed_syntax(header):
             return None
-        check_frame_size(header)
-        end = header.pixel_offset + header.pixel_length
-        frames = compressed_frames(header, memoryview(data)[header.pixel_offset : end])
-        return _decode_groups(header, frames)
-    prefix = PART_SIZE
-    while True:
-        parsed = parse_header(
-            data[:prefix], size, max_header_bytes=MAX_HEADER_BYTES, per_frame=False
-        )
-        if isinstance(parsed, DicomHeader):
-            break
-        grown = min(size, max(parsed.at_least, min(prefix * 4, MAX_HEADER_BYTES)))
-        if grown > MAX_HEADER_BYTES:
-            raise LimitExceeded("DICOM header larger than the limit")
-        if grown <= prefix:
-            raise MalformedDicom("the header does not end inside the object")
-        prefix = grown
-    header = parsed
-    if header.codec is None or not is_compressed(header.codec.transfer_syntax_uid):
-        return None
-    check_frame_size(header)
-    ranges = value_ranges(header.pixel_offset, None, size, PART_SIZE)
-    bound = max(MAX_FRAME_GROWTH * PART_SIZE, 2 * header.pixel.frame_bytes)
-    try:
-        splitter = FrameSplitter(header.pixel.frames, header.offset_table, max_frame_bytes=bound)
-    except (MalformedDicom, LimitExceeded) as exc:
-        raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
-    streamed: list[bytes] = []
-    for part in ranges:
-        if not splitter.done:
-            split = named(header, splitter.feed, memoryview(data)[part.start : part.end])
-            streamed += map(bytes, split)
-    streamed += map(bytes, named(header, splitter.finish))
-    return _decode_groups(header, streamed)
-
-
-def _decode_groups(header: DicomHeader, frames: list[bytes]) -> npt.NDArray[Any]:
+        value = view[header.pixel_offset : header.pixel_offset + header.pixel_length]
+        frames = list(compressed_frames(header, value))
+    else:
+        layout = header_or_more(view[: first.end], size, MAX_HEADER_BYTES)
+        while isinstance(layout, ByteRange):
+            layout = header_or_more(view[: layout.end], size, MAX_HEADER_BYTES)
+        header = layout
+        if not _compressed_syntax(header):
+            return None
+        stream = frame_stream(header, size, PART_SIZE)
+        frames = [f for r in stream.ranges for f in stream.feed(view[r.start : r.end])]
+        frames += stream.finish()
     codec = header.codec
     assert codec is not None
     groups = [
-        decode_encapsulated(codec, frames[group.start : group.stop], group.start)
+        decode_encapsulated(codec, [bytes(f) for f in frames[group.start : group.stop]])
         for group in frame_groups(header)
     ]
     return np.concatenate(groups)
+
+
+def _compressed_syntax(header: DicomHeader) -> bool:
+    codec = header.codec
+    return codec is not None and is_compressed(codec.transfer_syntax_uid)
 
 
 def pixel_array(data: bytes) -> npt.NDArray[Any]:

@@ -85,11 +85,15 @@ Frame = bytes | memoryview  # a codestream; a view of the ring slot it was read 
 
 
 def compressed_frames(header: DicomHeader, value: memoryview) -> list[bytes]:
-    """Each frame's codestream (its fragments joined) from the Pixel Data value.
+    """Each frame's codestream (its fragments joined) from the whole Pixel Data value of
+    an object that fit its first GET, once its frames are known to decode whole
+    (``check_frame_size``).
 
     Raises:
+        LimitExceeded: a decoded frame would be larger than ``MAX_DECODED_FRAME_BYTES``.
         MalformedDicom: the offset tables or fragments disagree with the frame count.
     """
+    check_frame_size(header)
     frames = header.pixel.frames
     try:
         with warnings.catch_warnings():
@@ -198,7 +202,6 @@ async def decode_whole(
     """
     codec = header.codec
     assert codec is not None
-    check_frame_size(header)
     if is_compressed(codec.transfer_syntax_uid):
         frames = compressed_frames(header, value)
 
@@ -206,6 +209,7 @@ async def decode_whole(
             return compressed_step(ctx, target, header, group, frames[group.start : group.stop])
 
     else:
+        check_frame_size(header)
         stored = bytes(value)
 
         def step(group: range) -> Step:

@@ -11,7 +11,6 @@ for the hash.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections import deque
 
@@ -46,38 +45,56 @@ from ingest.sink.records import Timings
 HEADER_GROWTH = 4
 
 
+def header_or_more(
+    prefix: memoryview | bytes, size: int, max_header_bytes: int
+) -> DicomHeader | ByteRange:
+    """The header's layout (per-frame values left for later) if ``prefix``, the first
+    bytes of an object of ``size`` bytes, holds it; else the bytes to read next, from
+    the prefix's end: at least ``HEADER_GROWTH`` times the prefix (each read is a round
+    trip before the first range) and as much as the parser asks for, within the object
+    and ``max_header_bytes``.
+
+    Raises:
+        MalformedDicom: the object ends before its header does.
+        LimitExceeded: the header is longer than ``max_header_bytes``.
+        DicomError: what the parser finds wrong with the prefix.
+    """
+    parsed = parse_header(prefix, size, max_header_bytes=max_header_bytes, per_frame=False)
+    if isinstance(parsed, DicomHeader):
+        return parsed
+    length = len(prefix)
+    if length >= size:
+        raise MalformedDicom("the header does not end inside the object")
+    next_length = min(size, max(parsed.at_least, min(length * HEADER_GROWTH, max_header_bytes)))
+    if next_length > max_header_bytes:
+        raise LimitExceeded(f"DICOM header larger than {max_header_bytes} bytes")
+    return ByteRange(length, next_length)
+
+
 async def read_header(
     ctx: Context, obj: Located, probe: memoryview
 ) -> tuple[DicomHeader, bytes | None, SourceDigest]:
-    """The header's layout from the probe (reading on, at least ``HEADER_GROWTH`` times
-    the prefix per GET, while the parser asks for more), a hasher that has taken the
-    bytes before the Pixel Data, and a copy of the prefix when per-frame values are
-    still to be read from it (``_large`` does that while the first chunks arrive)."""
+    """The header's layout from the probe, reading on while it asks for more
+    (``header_or_more``), a hasher that has taken the bytes before the Pixel Data, and a
+    copy of the prefix when per-frame values are still to be read from it (``read_large``
+    does that while the first chunks arrive).
+
+    Raises:
+        IngestError: as ``header_or_more``, or a read's.
+    """
     size = obj.head.size
     prefix: memoryview | bytearray = probe
     while True:
         parsed = await anyio.to_thread.run_sync(
-            functools.partial(
-                parse_header, memoryview(prefix), size,
-                max_header_bytes=ctx.settings.max_header_bytes, per_frame=False,
-            )
-        )  # fmt: skip
+            header_or_more, memoryview(prefix), size, ctx.settings.max_header_bytes
+        )
         if isinstance(parsed, DicomHeader):
             before = memoryview(prefix)[: pixels_start(parsed)]
             hasher = SourceDigest(ctx.settings, size, before)
             return parsed, bytes(prefix) if parsed.per_frame_pending else None, hasher
-        length = len(prefix)
-        if length >= size:
-            raise MalformedDicom("the header does not end inside the object")
-        limit = ctx.settings.max_header_bytes
-        next_length = min(size, max(parsed.at_least, min(length * HEADER_GROWTH, limit)))
-        if next_length > limit:
-            raise LimitExceeded(f"DICOM header larger than {ctx.settings.max_header_bytes} bytes")
-        grown = bytearray(next_length)  # only the bytes not read yet are fetched
-        grown[:length] = prefix
-        await ctx.source.read_into(
-            obj.where, obj.head, ByteRange(length, next_length), memoryview(grown)[length:]
-        )
+        grown = bytearray(parsed.end)  # only the bytes not read yet are fetched
+        grown[: parsed.start] = prefix
+        await ctx.source.read_into(obj.where, obj.head, parsed, memoryview(grown)[parsed.start :])
         prefix = grown
 
 

@@ -6,9 +6,9 @@ either the whole object (when the notification's size, or nothing known,
 says it fits one part) or a header probe, and its answer gives the object's
 true size and ETag. Then one of two paths:
 
-* small (the first GET held it all): header parse and SHA-256 run together
-  in a worker thread; the Pixel Data is handed to the device straight from
-  the slot.
+* small (the first GET held it all): header parse (``whole_header``) and
+  SHA-256 run together in a worker thread; the Pixel Data is handed to the
+  device straight from the slot.
 * large: ``ingest/pipeline/large.py`` parses the header's layout from the probe
   and reads the Pixel Data in chunks, each to the device as soon as it is read.
 
@@ -115,17 +115,29 @@ class _Parsed:
     deflated_at: int = 0
 
 
+def whole_header(data: memoryview | bytes, max_header_bytes: int) -> DicomHeader:
+    """The header of an object the first GET held whole (``data`` is all of it).
+
+    Raises:
+        DeflatedDataSet: a Deflated object, whose data set is read by inflating it.
+        MalformedDicom: the object ends before its header does.
+        DicomError, LimitExceeded: what the parser finds wrong with it.
+    """
+    header = parse_header(data, len(data), max_header_bytes=max_header_bytes)
+    if isinstance(header, NeedMoreBytes):
+        raise MalformedDicom("the header does not end inside the object")
+    return header
+
+
 def _parse_and_hash(data: memoryview, settings: Settings) -> _Parsed:
     """Parse and hash a whole object (``data`` is all of it)."""
     started = time.perf_counter()
     deflated_at = 0
-    header: DicomHeader | NeedMoreBytes | None
+    header: DicomHeader | None
     try:
-        header = parse_header(data, len(data), max_header_bytes=settings.max_header_bytes)
+        header = whole_header(data, settings.max_header_bytes)
     except DeflatedDataSet as deflated:
         header, deflated_at = None, deflated.data_set_offset
-    if isinstance(header, NeedMoreBytes):
-        raise MalformedDicom("the header does not end inside the object")
     digests = SourceDigest(settings, len(data), data).digests()
     return _Parsed(header, digests, time.perf_counter() - started, deflated_at)
 

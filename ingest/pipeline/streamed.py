@@ -2,8 +2,9 @@
 
 Its Pixel Data value is read in order, in ranges, from its first byte to the
 object's end (the hash takes every range); each range's complete frames are split
-out of its ring slot (``FrameSplitter``) while the next ones are read, and frames
-go on in groups (``decoded.compressed_step``), in frame order.
+out of its ring slot while the next ones are read (``frame_stream``: the ranges and
+a ``FrameSplitter``), and frames go on in groups (``decoded.compressed_step``), in
+frame order.
 
 Frames the device decodes are not copied out of the slot: each is a view of the
 pinned slot it was read into, from which nvImageCodec reads it (a slide's tiles
@@ -33,6 +34,7 @@ from ingest.dicom.header import DicomHeader
 from ingest.dicom.splitter import FrameSplitter
 from ingest.errors import IngestError, LimitExceeded, MalformedDicom
 from ingest.fetch.digest import SourceDigest
+from ingest.fetch.planning import ByteRange
 from ingest.fetch.ring import Slot
 from ingest.pipeline.decoded import (
     MAX_FRAME_GROWTH,
@@ -65,18 +67,9 @@ async def decode_streamed(
     """
     codec = header.codec
     assert codec is not None
-    check_frame_size(header)
-    part_size = ctx.settings.part_size
-    ranges = value_ranges(header.pixel_offset, None, obj.head.size, part_size)
-    # a compressed frame rarely exceeds its decoded size; a part or two is the usual
-    bound = max(MAX_FRAME_GROWTH * part_size, 2 * header.pixel.frame_bytes)
     device = decodes_on_device(ctx, header)
-    try:
-        splitter = FrameSplitter(
-            header.pixel.frames, header.offset_table, max_frame_bytes=bound, views=device
-        )
-    except (MalformedDicom, LimitExceeded) as exc:  # the Extended Offset Table's checks
-        raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
+    stream = frame_stream(header, obj.head.size, ctx.settings.part_size, views=device)
+    ranges = stream.ranges
     per = frames_per_group(header, out_itemsize(ctx), device, results_to_host(ctx))
     refs = _SlotRefs()
     fmt, colour = device_format(codec), device_colour(codec)
@@ -86,7 +79,7 @@ async def decode_streamed(
 
     def split(view: memoryview) -> tuple[list[Frame], list[Parsed | DeviceDecodeError]]:
         """The frames ``view`` completes and, for the device, their codestreams parsed."""
-        frames = named(header, splitter.feed, view)
+        frames = stream.feed(view)
         return frames, parsed_for_device(frames)
 
     def detach(
@@ -134,7 +127,7 @@ async def decode_streamed(
                     async with anyio.create_task_group() as both:  # the hash releases the GIL
                         if hasher.in_order:
                             both.start_soon(hash_part, ranges[index].start, view)
-                        if not splitter.done:
+                        if not stream.done:
                             # a part holds thousands of tiles: split them off the event loop,
                             # which meanwhile dispatches the device's batches
                             try:
@@ -157,7 +150,7 @@ async def decode_streamed(
                     pending, parsed = await anyio.to_thread.run_sync(detach, pending, parsed)
                     refs.give_back(Counter(slot for slot in owners if slot is not None))
                     owners = [None] * len(pending)
-        last = named(header, splitter.finish)
+        last = stream.finish()
         pending.extend(last)
         parsed.extend(parsed_for_device(last))
         owners.extend([None] * len(last))
@@ -167,6 +160,65 @@ async def decode_streamed(
         await decode_in_order(ctx, obj.target, header, produce, write)
     finally:
         refs.give_back_all()  # frames never grouped, steps never started
+
+
+class FrameStream:
+    """A large encapsulated object's Pixel Data as the worker reads it: ``ranges``, in
+    order, from the value's first byte to the object's end, and the splitter that cuts
+    the frames out of them as they arrive. Its errors name the transfer syntax first."""
+
+    def __init__(
+        self, header: DicomHeader, ranges: list[ByteRange], splitter: FrameSplitter
+    ) -> None:
+        self.header, self.ranges, self._splitter = header, ranges, splitter
+
+    @property
+    def done(self) -> bool:
+        """The Sequence Delimiter has been read: what is left to read is the trailer."""
+        return self._splitter.done
+
+    def feed(self, view: memoryview) -> list[Frame]:
+        """The frames the next range's bytes complete, in order (none once ``done``).
+
+        Raises:
+            MalformedDicom: the value contradicts itself or Number of Frames.
+            LimitExceeded: a frame, or what is held to tell frames apart, is too large.
+        """
+        return named(self.header, self._splitter.feed, view)
+
+    def finish(self) -> list[Frame]:
+        """At the object's end: the frames not given yet (none once ``done``).
+
+        Raises:
+            MalformedDicom: the value ended before its Sequence Delimiter.
+        """
+        return named(self.header, self._splitter.finish)
+
+
+def frame_stream(
+    header: DicomHeader, object_size: int, part_size: int, views: bool = False
+) -> FrameStream:
+    """How the worker reads a large encapsulated object's frames: ranges of ``part_size``
+    and a splitter that holds at most ``MAX_FRAME_GROWTH`` parts, or twice a decoded
+    frame, of one frame (a compressed frame rarely exceeds its decoded size; a part or
+    two is the usual). ``views``: frames wholly in one range are views of it (the
+    device reads them from the ring's slots), not copies.
+
+    Raises:
+        LimitExceeded: a decoded frame would be larger than ``MAX_DECODED_FRAME_BYTES``.
+        MalformedDicom: the value is not within the object, or the Extended Offset
+            Table contradicts Number of Frames (naming the transfer syntax).
+    """
+    check_frame_size(header)
+    ranges = value_ranges(header.pixel_offset, None, object_size, part_size)
+    bound = max(MAX_FRAME_GROWTH * part_size, 2 * header.pixel.frame_bytes)
+    try:
+        splitter = FrameSplitter(
+            header.pixel.frames, header.offset_table, max_frame_bytes=bound, views=views
+        )
+    except (MalformedDicom, LimitExceeded) as exc:  # the Extended Offset Table's checks
+        raise type(exc)(f"{syntax_name(header.transfer_syntax_uid)}: {exc}") from exc
+    return FrameStream(header, ranges, splitter)
 
 
 class _SlotRefs:
