@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("dicom_ingest.cli")
 
 
-def _parser() -> argparse.ArgumentParser:
+def make_parser() -> argparse.ArgumentParser:
+    """The command line: every command and its options, as ``main`` parses them."""
     parser = argparse.ArgumentParser(
         prog="dicom-ingest",
         description="Stream DICOM objects from S3 onto the GPU, preprocessed, stored, audited.",
@@ -202,7 +203,12 @@ def _bench_parser(commands: Any) -> None:
     )
 
 
-def _bench_config(args: argparse.Namespace) -> Any:
+def bench_config(args: argparse.Namespace) -> Any:
+    """The bench's ``BenchConfig`` from its parsed command line.
+
+    Raises:
+        ConfigError: an option, or a combination of them, the bench cannot run with.
+    """
     from ingest.bench.config import BenchConfig
 
     if args.endpoint and not args.bootstrap:
@@ -251,7 +257,7 @@ def _bench_config(args: argparse.Namespace) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = make_parser().parse_args(argv)
     try:
         if args.command == "worker":
             configure_logging(json=True)
@@ -273,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ingest.bench.main import bench_command
 
             configure_logging(json=False, level=logging.ERROR)  # the tables say the rest
-            return _run(bench_command, _bench_config(args))
+            return _run(bench_command, bench_config(args))
         if args.command == "audit":
             from ingest.audit.cli import run_audit_command
 

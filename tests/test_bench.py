@@ -38,7 +38,7 @@ from ingest.bench.workloads import (
     Workload,
     prepare_workloads,
 )
-from ingest.cli import _bench_config, _parser, main
+from ingest.cli import bench_config, main, make_parser
 from ingest.embedded.samples import pydicom_examples
 from ingest.embedded.samples_compressed import compressed_samples
 from ingest.embedded.stack import Stack
@@ -230,8 +230,8 @@ def test_decode_ratios_are_ours_over_each_reference() -> None:
 
 
 def test_cli_bench_takes_the_decode_workloads_and_the_slide_size() -> None:
-    args = _parser().parse_args(["bench", "--workloads", "slide,ct-rle", "--slide-mb", "64"])
-    config = _bench_config(args)
+    args = make_parser().parse_args(["bench", "--workloads", "slide,ct-rle", "--slide-mb", "64"])
+    config = bench_config(args)
     assert (config.workloads, config.slide_mb) == (("slide", "ct-rle"), 64)
     assert {"pydicom-loop", "cpu-pool"} <= set(config.readers)
 

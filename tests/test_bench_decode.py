@@ -23,7 +23,7 @@ from ingest.bench.decode_gpu import (
     NvPluginReader,
     nvimgcodec_missing,
 )
-from ingest.bench.diagnostics.decode_crossover import _crossover
+from ingest.bench.diagnostics.decode_crossover import crossover
 from ingest.bench.reader_runs import make_reader, measure_reader
 from ingest.bench.readers import ReaderSkipped
 from ingest.bench.report import targets
@@ -35,8 +35,8 @@ from ingest.bench.workloads import (
     ensure_buckets,
     prepare_workloads,
 )
-from ingest.bench.workloads_compressed import _corpus_slide, write_corpus
-from ingest.cli import _bench_config, _parser, main
+from ingest.bench.workloads_compressed import corpus_slide, write_corpus
+from ingest.cli import bench_config, main, make_parser
 from ingest.embedded.stack import Stack
 
 OFFLINE = S3Target("http://127.0.0.1:1", "us-east-1", "k", "s", "src", "out")
@@ -58,9 +58,15 @@ def _series(corpus: Path, name: str) -> Workload:
 
 def _slide(corpus: Path) -> Workload:
     (path,) = (corpus / "slide").glob("*.dcm")
-    workload = _corpus_slide(path)
-    return Workload("slide", (BenchObject(path.name, 1),), workload.frames, workload.frame_bytes,
-                    workload.files, workload.syntax)  # fmt: skip
+    workload = corpus_slide(path)
+    return Workload(
+        "slide",
+        (BenchObject(path.name, 1),),
+        workload.frames,
+        workload.frame_bytes,
+        workload.files,
+        workload.syntax,
+    )
 
 
 def test_the_corpus_writer_replaces_a_series_and_keeps_to_its_count(tmp_path: Path) -> None:
@@ -112,10 +118,10 @@ def test_the_bench_takes_the_series_and_the_slide_from_the_corpus(
 def test_cli_bench_takes_a_decode_corpus(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = _parser().parse_args(
+    args = make_parser().parse_args(
         ["bench", "--workloads", "ct-htj2k", "--decode-corpus", str(tmp_path)]
     )
-    config = _bench_config(args)
+    config = bench_config(args)
     assert config.decode_corpus == tmp_path
     assert {"nvimgcodec", "nvimgcodec-plugin"} <= set(config.readers)
     assert main(["bench", "--decode-corpus", str(tmp_path / "absent")]) == 2
@@ -366,4 +372,4 @@ def test_the_crossover_is_where_the_gpu_stays_ahead() -> None:
         (case("htj2k", 64), None, 10.0),  # no GPU figure
         (case("j2k", 64), 1.0, 10.0),
     ]
-    assert _crossover(rows) == {"jpeg": 64, "htj2k": None, "j2k": None}
+    assert crossover(rows) == {"jpeg": 64, "htj2k": None, "j2k": None}

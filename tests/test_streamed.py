@@ -22,7 +22,7 @@ from ingest.dicom.device_codecs import MIN_DEVICE_J2K_FRAMES
 from ingest.embedded.samples_compressed import ct_volume
 from ingest.embedded.stack import Stack
 from ingest.fetch.ring import PinnedRing
-from ingest.pipeline.streamed import _device_hold, _SlotRefs
+from ingest.pipeline.streamed import SlotRefs, device_hold
 from tests import harness
 from tests.reference import reference_array
 
@@ -36,7 +36,7 @@ async def make_ring(slots: int = 2) -> PinnedRing:
 async def test_frames_keep_their_slot_until_their_steps_end() -> None:
     async with await make_ring() as ring:
         slot = await ring.acquire()
-        refs = _SlotRefs()
+        refs = SlotRefs()
         refs.take(slot, 3)  # three frames are views of it
         slot.release()  # the reader is done with it
         assert ring.stats().in_use == 1
@@ -57,7 +57,7 @@ async def test_frames_keep_their_slot_until_their_steps_end() -> None:
 async def test_a_step_never_started_gives_back_at_the_end() -> None:
     async with await make_ring() as ring:
         slot = await ring.acquire()
-        refs = _SlotRefs()
+        refs = SlotRefs()
         refs.take(slot, 1)
         refs.take(slot, 0)
         slot.release()
@@ -75,7 +75,7 @@ async def fails_if_run() -> ChunkResult:
 async def test_the_device_job_holds_its_slots_until_the_device_thread_lets_go() -> None:
     async with await make_ring() as ring:
         first, second = await ring.acquire(), await ring.acquire()
-        release = _device_hold([first, second])()
+        release = device_hold([first, second])()
         first.release()
         second.release()
         assert ring.stats().in_use == 2

@@ -92,7 +92,7 @@ def _write_slide(folder: Path, slide_mb: int) -> Any:
     return write_jpeg_slide(path, tiles_across=across, tiles_down=down, tile=SLIDE_TILE)
 
 
-def _corpus_slide(path: Path) -> Workload:
+def corpus_slide(path: Path) -> Workload:
     """A slide from the corpus, described from its header (no object uploaded yet)."""
     from pydicom import dcmread
 
@@ -103,43 +103,64 @@ def _corpus_slide(path: Path) -> Workload:
     total = (int(ds.TotalPixelMatrixRows), int(ds.TotalPixelMatrixColumns))
     syntax = str(ds.file_meta.TransferSyntaxUID)
     return Workload(
-        "slide", (), frames=int(ds.NumberOfFrames),
+        "slide",
+        (),
+        frames=int(ds.NumberOfFrames),
         frame_bytes=rows * columns * int(ds.SamplesPerPixel) * int(ds.BitsAllocated) // 8,
-        files=(path,), syntax=syntax,
-        info=(("tiles", (-(-total[1] // columns), -(-total[0] // rows), rows)),
-              ("total_matrix", total), ("source", str(path)),
-              ("pydicom_plugins", pydicom_plugins(syntax))),
-    )  # fmt: skip
+        files=(path,),
+        syntax=syntax,
+        info=(
+            ("tiles", (-(-total[1] // columns), -(-total[0] // rows), rows)),
+            ("total_matrix", total),
+            ("source", str(path)),
+            ("pydicom_plugins", pydicom_plugins(syntax)),
+        ),
+    )
 
 
 def _slide(
-    target: S3Target, client: Any, slide_mb: int, tmpdir: Path, corpus: Path | None,
+    target: S3Target,
+    client: Any,
+    slide_mb: int,
+    tmpdir: Path,
+    corpus: Path | None,
     progress: Callable[[str], None],
-) -> Workload:  # fmt: skip
+) -> Workload:
     found = corpus_files(corpus, "slide") if corpus is not None else []
     if found:
-        workload = _corpus_slide(found[0])
+        workload = corpus_slide(found[0])
     else:
         progress("writing the slide to a temporary file")
         info = _write_slide(tmpdir, slide_mb)
         assert info.path is not None
         workload = Workload(
-            "slide", (), frames=info.frames, frame_bytes=SLIDE_TILE * SLIDE_TILE * 3,
-            files=(info.path,), syntax=info.syntax,
-            info=(("tiles", (info.tiles_across, info.tiles_down, SLIDE_TILE)),
-                  ("total_matrix", (info.total_rows, info.total_columns)),
-                  ("offset_table", info.offset_table), ("source", "generated"),
-                  ("pydicom_plugins", pydicom_plugins(info.syntax))),
-        )  # fmt: skip
+            "slide",
+            (),
+            frames=info.frames,
+            frame_bytes=SLIDE_TILE * SLIDE_TILE * 3,
+            files=(info.path,),
+            syntax=info.syntax,
+            info=(
+                ("tiles", (info.tiles_across, info.tiles_down, SLIDE_TILE)),
+                ("total_matrix", (info.total_rows, info.total_columns)),
+                ("offset_table", info.offset_table),
+                ("source", "generated"),
+                ("pydicom_plugins", pydicom_plugins(info.syntax)),
+            ),
+        )
     path = workload.files[0]
     progress(f"uploading the slide ({path.stat().st_size / 1e6:.0f} MB, multipart)")
     key = f"bench/slide/{path.name}"
     size = upload_file_multipart(client, target.source_bucket, key, path)
     return Workload(
-        "slide", (BenchObject(key, size),), frames=workload.frames,
-        frame_bytes=workload.frame_bytes, files=workload.files, syntax=workload.syntax,
+        "slide",
+        (BenchObject(key, size),),
+        frames=workload.frames,
+        frame_bytes=workload.frame_bytes,
+        files=workload.files,
+        syntax=workload.syntax,
         info=workload.info,
-    )  # fmt: skip
+    )
 
 
 def _generated_series(name: str, count: int, folder: Path) -> list[Path]:

@@ -10,7 +10,7 @@ Frames the device decodes are not copied out of the slot: each is a view of the
 pinned slot it was read into, from which nvImageCodec reads it (a slide's tiles
 are ~30 KB, and their copy was half the host time of a tile). The slot then stays
 out of the ring until its frames are decoded: each view holds a reference on it
-(``_SlotRefs``) until its group's step is done, and the group's device job holds
+(``SlotRefs``) until its group's step is done, and the group's device job holds
 one more until the device thread has read the frames (its ``on_consumed``), since
 a cancelled step may leave its job behind on the device. A frame split across two
 ranges, and every frame the CPU decodes, is copied; so are the frames a range
@@ -71,7 +71,7 @@ async def decode_streamed(
     stream = frame_stream(header, obj.head.size, ctx.settings.part_size, views=device)
     ranges = stream.ranges
     per = frames_per_group(header, out_itemsize(ctx), device, results_to_host(ctx))
-    refs = _SlotRefs()
+    refs = SlotRefs()
     fmt, colour = device_format(codec), device_colour(codec)
 
     def parsed_for_device(frames: list[Frame]) -> list[Parsed | DeviceDecodeError]:
@@ -113,7 +113,7 @@ async def decode_streamed(
                 owners = owners[per:]
                 group = range(first, first + len(part))
                 first = group.stop
-                hold = _device_hold(held) if held else None
+                hold = device_hold(held) if held else None
                 step = compressed_step(ctx, obj.target, header, group, part, ready, hold)
                 await emit(group, refs.holding(held, step))
 
@@ -221,7 +221,7 @@ def frame_stream(
     return FrameStream(header, ranges, splitter)
 
 
-class _SlotRefs:
+class SlotRefs:
     """The references an object's frames hold on ring slots, one a frame split out as a
     view of its slot: each group's step gives its frames' back when it is done, and
     whatever is left when the object ends (it failed or was cancelled) goes back then.
@@ -259,7 +259,7 @@ class _SlotRefs:
         return held
 
 
-def _device_hold(slots: Iterable[Slot]) -> Hold:
+def device_hold(slots: Iterable[Slot]) -> Hold:
     """Keeps ``slots`` for a device job: one reference each, taken on the event loop
     when the job is made; the release the device thread calls once it read them."""
     distinct = list(slots)

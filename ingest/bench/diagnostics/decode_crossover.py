@@ -199,7 +199,7 @@ def _write(folder: Path, cases: Sequence[str]) -> None:
     print(f"{folder}: {len(list(folder.glob('*.dcm')))} objects, {total / 1e6:.2f} MB")
 
 
-def _crossover(rows: list[tuple[Case, float | None, float]]) -> dict[str, int | None]:
+def crossover(rows: list[tuple[Case, float | None, float]]) -> dict[str, int | None]:
     """Per case name: the smallest size from which the GPU is ahead at every larger one."""
     out: dict[str, int | None] = {}
     for name in dict.fromkeys(c.name for c, _, _ in rows):
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if gpu is None:
         return
     print("GPU ahead from (every larger size too):")
-    for name, smallest in _crossover(rows).items():
+    for name, smallest in crossover(rows).items():
         print(f"  {name:10} {'never' if smallest is None else f'{smallest} px'}")
 
 
