@@ -7,6 +7,7 @@ our plan are each checked against a reader that is not ours.
 
 from __future__ import annotations
 
+import random
 import struct
 from typing import Any
 
@@ -27,8 +28,10 @@ from ingest.dicom.fragments import (
 from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
 from ingest.embedded.samples import synthetic_rgb
 from ingest.embedded.samples_multiframe import synthetic_multiframe
-from ingest.errors import LimitExceeded, MalformedDicom
+from ingest.errors import IngestError, LimitExceeded, MalformedDicom
 from ingest.pipeline.jobs import pixel_chunks, pixels_start
+from ingest.pipeline.process import whole_header
+from tests import bad_inputs
 from tests.bad_inputs import fragment_at, set_u32
 from tests.reference import reference_array
 
@@ -197,3 +200,88 @@ def test_the_twin_gathers_pitched_frames_and_refuses_a_ragged_run() -> None:
         [ChunkJob(memoryview(bytes(raw))[:-2], fmt, Transform(), 0, lambda: None, pitch=pitch)]
     )
     assert isinstance(ragged, ValueError)
+
+
+# -- mutants -----------------------------------------------------------------------------
+
+MUTANTS = 3000
+PIXEL_DATA = b"\xe0\x7f\x10\x00OB"
+
+
+def mutant(base: bytes, rng: random.Random) -> bytes:
+    """1-3 byte flips, sets, insertions, deletions or a truncation, half of them in the
+    Pixel Data's items."""
+    data = bytearray(base)
+    for _ in range(rng.randint(1, 3)):
+        start = data.rfind(PIXEL_DATA)
+        if not data:
+            break
+        at = rng.randrange(start if start >= 0 and rng.random() < 0.5 else 0, len(data))
+        kind = rng.choice(("flip", "set", "insert", "delete", "truncate"))
+        if kind == "flip":
+            data[at] ^= 1 << rng.randrange(8)
+        elif kind == "set":
+            data[at] = rng.choice((0x00, 0xFF, 0x7F, 0x80, 0x20))
+        elif kind == "insert":
+            data[at:at] = rng.randbytes(rng.randint(1, 12))
+        elif kind == "delete":
+            del data[at : at + rng.randint(1, 40)]
+        else:
+            del data[at:]
+    return bytes(data)
+
+
+def as_the_worker_reads(data: bytes) -> np.ndarray:
+    """The float32 values the worker writes, or the ``IngestError`` it raises: the header
+    of the whole object, its read plan at the test's part size (one chunk when it fits a
+    part), the item checks of every chunk and the NumPy twin."""
+    header = whole_header(data, bad_inputs.MAX_HEADER_BYTES)
+    part = bad_inputs.PART_SIZE if len(data) > bad_inputs.PART_SIZE else len(data) + 16
+    values = []
+    for chunk in pixel_chunks(header, part):
+        view = memoryview(data)[chunk.range.start : chunk.range.end]
+        if len(view) < chunk.range.length:
+            raise IngestError("a range past the end (the worker's GET would fail)")
+        check_items(view, chunk)
+        job = ChunkJob(
+            chunk.samples(view),
+            header.pixel,
+            header.transform(None, "float32"),
+            chunk.first_element,
+            lambda: None,
+            pitch=chunk.pitch,
+        )
+        (result,) = CpuRunner().run([job])
+        if isinstance(result, BaseException):
+            raise result
+        assert result.host is not None
+        values.append(result.host)
+    return np.concatenate(values)
+
+
+@pytest.mark.slow
+def test_mutants_are_refused_or_read_as_pydicom_reads_them() -> None:
+    """3,000 mutants of three objects (a Basic Offset Table, none, an Extended Offset
+    Table), from a fixed seed: each is refused with an ``IngestError`` (anything else
+    raised is a crash), or processed exactly as pydicom reads it. Prints the counts
+    (``pytest -s``)."""
+    rng = random.Random(5)
+    bases = (
+        bad_inputs.encapsulated_small(),
+        bad_inputs.encapsulated_large(),
+        synthetic_rgb(6, 20, 21, encapsulated="extended"),
+    )
+    processed = refused = 0
+    for _ in range(MUTANTS):
+        data = mutant(rng.choice(bases), rng)
+        try:
+            ours = as_the_worker_reads(data)
+        except IngestError:
+            refused += 1
+            continue
+        expected = reference_array(data, None, "float32").ravel()
+        assert np.array_equal(ours, expected, equal_nan=True), data[:16]
+        processed += 1
+    print(f"\n{MUTANTS} mutants: {processed} processed as pydicom reads them, {refused} refused")
+    assert processed > 0
+    assert refused > 0

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import cProfile
-import dataclasses
 import itertools
 import os
 import pstats
@@ -40,31 +40,28 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+from aiokafka import AIOKafkaProducer
 
 from gpu import jobs
 from gpu.jobs import ChunkJob, ChunkResult, consume
 from gpu.thread import DeviceThread, cuda_unavailable_reason
+from ingest.bench.diagnostics.startup import notification
+from ingest.bench.workloads import S3Target
 from ingest.device import stage as device
 from ingest.embedded.samples import synthetic_multiframe
-from ingest.embedded.stack import Stack, embedded_stack
+from ingest.embedded.stack import Stack, create_topics, embedded_stack
 from ingest.fetch import ordered_reads, threaded_http
 from ingest.fetch import s3 as fetch
 from ingest.fetch.http_answer import Answer
 from ingest.pipeline import jobs as object_jobs
-from ingest.settings import Settings
-from tests import harness
+from ingest.settings import Settings, load_settings
+from ingest.worker import Outcome, Worker
 
 Event = tuple[str, float, float, int]  # kind, start, end, size (bytes or batch length)
 EVENTS: list[Event] = []
 DEVICE_TIMES: list[tuple[float, float]] = []  # CUDA-event h2d and kernel seconds per chunk
 RUNNER_STATS: dict[str, int | float] = {}
 PROFILES: dict[str, cProfile.Profile] = {}  # --profile: the device thread's, the loop's
-# The worker's own defaults (the test harness shrinks parts and the ring).
-PRODUCT_TUNING = {
-    name: str(field.default)
-    for field in dataclasses.fields(Settings)
-    if (name := field.name) in ("part_size", "ring_slots", "fetch_concurrency")
-}
 
 
 def instrument() -> None:
@@ -245,6 +242,76 @@ def report(label: str, size: int, limit: int) -> None:
         )
 
 
+def prepare(
+    stack: Stack, objects: dict[str, bytes], overrides: dict[str, str]
+) -> tuple[Settings, str]:
+    """A worker's settings for this stack, with buckets, topics and a group of their own
+    (the worker's defaults, then ``overrides``), and its source bucket, which holds
+    ``objects``."""
+    token = uuid.uuid4().hex[:10]
+    creds = stack.s3.credentials
+    target = S3Target(
+        stack.s3.endpoint_url,
+        creds.region,
+        creds.access_key,
+        creds.secret_key,
+        f"trace-{token}-src",
+        f"trace-{token}-out",
+    )
+    topics = {role: f"trace-{token}-{role}" for role in ("source", "results", "dlq", "audit")}
+    for bucket in (target.source_bucket, target.output_bucket):
+        stack.s3.create_bucket(bucket)
+    create_topics(stack.kafka.bootstrap, list(topics.values()))
+    client = target.client()
+    try:
+        for key, body in objects.items():
+            client.put_object(Bucket=target.source_bucket, Key=key, Body=body)
+    finally:
+        client.close()
+    env = {
+        **stack.endpoints.environment(),
+        "DICOM_INGEST_OUTPUT_URL": f"s3://{target.output_bucket}/out/",
+        "DICOM_INGEST_AUDIT_KEY": base64.b64encode(os.urandom(32)).decode(),
+        "DICOM_INGEST_GROUP_ID": f"trace-{token}",
+        **{f"DICOM_INGEST_{role.upper()}_TOPIC": topic for role, topic in topics.items()},
+        **{f"DICOM_INGEST_{name.upper()}": value for name, value in overrides.items()},
+    }
+    return load_settings(env), target.source_bucket
+
+
+async def announce(stack: Stack, topic: str, bucket: str, key: str) -> None:
+    """A notification of ``key``, without its size (the worker's first GET is then
+    one part, as for a notification that has none)."""
+    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka.bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, notification(bucket, key))
+    finally:
+        await producer.stop()
+
+
+async def run_one(settings: Settings) -> None:
+    """Run a worker until its first outcome.
+
+    Raises:
+        RuntimeError: that outcome is an error.
+    """
+    outcomes: list[Outcome] = []
+    done = anyio.Event()
+
+    def on_outcome(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        done.set()
+
+    worker = Worker(settings, on_outcome)
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        await done.wait()
+        worker.stop()
+    if outcomes[0].error is not None:
+        raise RuntimeError(f"{type(outcomes[0].error).__name__}: {outcomes[0].error}")
+
+
 async def trace(stack: Stack, frames: int, backend: str, variants: list[str], args: Any) -> None:
     data = synthetic_multiframe(frames, 512, 512)
     default_window = object_jobs.DEVICE_WINDOW_BYTES
@@ -252,25 +319,26 @@ async def trace(stack: Stack, frames: int, backend: str, variants: list[str], ar
         overrides = dict(item.split("=", 1) for item in variant.split())
         window_mb = overrides.pop("device_window_mb", None)
         object_jobs.DEVICE_WINDOW_BYTES = int(window_mb) << 20 if window_mb else default_window
-        names = harness.make_names(uuid.uuid4().hex[:10])
-        harness.prepare(stack, names)
-        await harness.upload(stack, names.source_bucket, [("warm.dcm", data), ("big.dcm", data)])
-        settings = harness.make_settings(
-            stack, names, **{
-                "device": backend, "sink": "none", "hook": "ingest.bench.ours:bench_hook",
-                "source_hash": "none", **PRODUCT_TUNING, **overrides,
-            }
-        )  # fmt: skip
+        settings, bucket = prepare(
+            stack,
+            {"warm.dcm": data, "big.dcm": data},
+            {
+                "device": backend,
+                "sink": "none",
+                "hook": "ingest.bench.ours:bench_hook",
+                "source_hash": "none",
+                **overrides,
+            },
+        )
         for key in ("warm.dcm", "big.dcm"):
             EVENTS.clear()
             DEVICE_TIMES.clear()
-            note = harness.aws_notification(names.source_bucket, [key])
-            await harness.publish(stack, names.source_topic, [note])
+            await announce(stack, settings.source_topic, bucket, key)
             loop_profile = cProfile.Profile()
             if args.profile:
                 PROFILES["event loop (the whole worker run)"] = loop_profile
                 loop_profile.enable()
-            await harness.run_worker(settings, stop_after=1)
+            await run_one(settings)
             loop_profile.disable()
             window = object_jobs.device_plan(settings, backend).window
             label = f"{key} [{variant or 'defaults'}; {window} chunks on the device]"
