@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from ingest.worker import Worker
 
 log = structlog.get_logger("dicom_ingest.cli")
+BENCH_FROM_A_CHECKOUT = (
+    "dicom-ingest: the bench and its diagnostics run from a checkout of the repository"
+    " (make bench); an installed wheel holds the worker without them"
+)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -276,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             configure_logging(json=False)
             return run_stack(durable=args.durable)
         if args.command == "bench":
+            if importlib.util.find_spec("ingest.bench") is None:  # a wheel ships without it
+                print(BENCH_FROM_A_CHECKOUT, file=sys.stderr)
+                return 2
             from ingest.bench.main import bench_command
 
             configure_logging(json=False, level=logging.ERROR)  # the tables say the rest
