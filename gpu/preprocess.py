@@ -1,6 +1,6 @@
 """Preprocessing of raw stored samples: the NumPy twin and the CuPy entry point.
 
-Both twins give bit-identical results (DESIGN.md 3.4, ``Transform``). Per stored
+Both twins give bit-identical results (``formats.Transform``; docs/output.md). Per stored
 sample, in this order, all in float64 until the last step (the NumPy twin
 works in float32 where that gives the same bits: ``exact_in_float32``):
 

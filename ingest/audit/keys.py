@@ -9,8 +9,8 @@ context names the worker and the trail (``context``); KMS binds it to the
 ``edk`` and checks it on ``Decrypt``, and the keyring authenticates it as AES-GCM
 associated data, so a data key cannot be moved to another trail.
 
-- ``StaticKey``: ``DICOM_INGEST_AUDIT_KEY``, one key used directly (no ``edk``,
-  DESIGN.md 3.5); it cannot rotate. For development and the demo.
+- ``StaticKey``: ``DICOM_INGEST_AUDIT_KEY``, one key used directly (``kid`` names
+  it, and envelopes carry no ``edk``); it cannot rotate. For development and the demo.
 - ``LocalKeyring``: a JSON file ``{"v": 1, "current": NAME, "keys": {NAME: B64}}``
   of 32-byte key-encryption keys, readable by its owner only. Rotating the
   keyring is adding a key and pointing ``current`` at it; old keys stay to

@@ -1,8 +1,8 @@
 """The DICOM audit message model (PS3.15 Annex A.5, after RFC 3881) of one audit record.
 
-Every sealed record carries, beside the flat fields DESIGN.md 3.5 promises
-(``event``, ``outcome``, ``bucket``, ``key`` ...), a ``dicom_audit`` object: the
-A.5 ``AuditMessage`` rendered as JSON, element names kept, coded values as
+Every sealed record carries, beside its flat fields (``event``, ``outcome``,
+``bucket``, ``key`` ...: docs/security.md, "Audit record format"), a ``dicom_audit``
+object: the A.5 ``AuditMessage`` rendered as JSON, element names kept, coded values as
 ``{"code", "codeSystemName", "displayName"}``. The mapping (docs/security.md
 has the table):
 

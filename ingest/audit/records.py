@@ -1,4 +1,4 @@
-"""Sealed, hash-chained audit records (DESIGN.md 3.5).
+"""Sealed, hash-chained audit records.
 
 Each Kafka message on the audit topic is UTF-8 JSON::
 

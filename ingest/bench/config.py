@@ -90,7 +90,8 @@ def worker_environment(
         "DICOM_INGEST_GROUP_ID": f"bench-{token}-{label}",
         "DICOM_INGEST_WORKER_ID": f"bench-{label}",
         "DICOM_INGEST_DEVICE": config.device,
-        # Tansu holds JoinGroup for about half the session timeout (DESIGN.md 4).
+        # Tansu holds each JoinGroup for about half the session timeout (docs/operations.md,
+        # "Start-up"), so the bench's groups form in a second; Kafka would refuse these values.
         "DICOM_INGEST_SESSION_TIMEOUT_MS": "2000",
         "DICOM_INGEST_HEARTBEAT_INTERVAL_MS": "200",
         "DICOM_INGEST_SHUTDOWN_DEADLINE_S": "30",

@@ -39,8 +39,8 @@ from ingest.bench.measure import summarize
 from ingest.bench.workloads import DECODE_WORKLOADS, Workload
 
 DECODE_READERS = ("pydicom-loop", "cpu-pool", "nvimgcodec", "nvimgcodec-plugin")
-# Goals of ours-hook over each reference, per workload (issue "Decode on the GPU"); RLE
-# has no device decoder and no goal
+# Goals of ours-hook over each reference, per workload (docs/benchmarks.md, "Decoding
+# compressed objects"); RLE has no device decoder and no goal
 DECODE_GOALS: dict[str, dict[str, float]] = {
     "slide": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},
     "ct-htj2k": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},

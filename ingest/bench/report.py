@@ -1,4 +1,4 @@
-"""The benchmark's outputs: ratios against the issue's targets, the printed tables, JSON.
+"""The benchmark's outputs: ratios against its targets, the printed tables, JSON.
 
 Ratios compare medians of the measured repeats on both sides (the JSON also
 keeps every run and the best). A target is judged only on the kind of machine
@@ -137,8 +137,9 @@ def _target(
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 4, for each mode of ours, issue 22's two for the sink, and the
-    decode goals of ours-hook (``decode.DECODE_GOALS``), with met / missed / n/a here."""
+    """Each target (docs/benchmarks.md, "Where it stands"), for each mode of ours, the two
+    for the sink, and the decode goals of ours-hook (``decode.DECODE_GOALS``), with met /
+    missed / n/a here."""
     here = "gpu" if report["machine"].get("gpu") else "cpu"
     out: list[dict[str, Any]] = []
 
@@ -156,7 +157,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"large: {mode} / KvikIO raw read", "gpu", v, ">= 1.0", v is not None and v >= 1, "x")
         v = large.get("ours_over_naive")
         add(f"large: {mode} / naive", "gpu", v, ">= 15", v is not None and v >= 15, "x")
-        if mode == "ours":  # outputs (issue 22): the sink against the raw PUT, and sink off
+        if mode == "ours":  # the outputs: the sink against the raw PUT, and sink off
             v = large.get("ours_over_put_raw")
             add("large: ours / put-raw", "gpu", v, ">= 0.9", v is not None and v >= 0.9, "x")
             v = by.get("ct", {}).get("sink_on_over_off")
@@ -215,8 +216,8 @@ def _worker_rss_targets(report: dict[str, Any], add: Any) -> None:
 
 def _scaled_targets(report: dict[str, Any], add: Any) -> None:
     """CT objects/s with the best scaled run; scale-out pN / p1 per mode (largest N); the
-    corpus with one worker process (sink on) over the plain sequential worker (issue 22,
-    on the 2-core machine)."""
+    corpus with one worker process (sink on) over the plain sequential worker (a CPU
+    machine's target)."""
     corpus = [
         r for r in report.get("scaling", [])
         if r["workload"] == CORPUS and r["label"] == "ours-p1" and r["over_plain"] is not None

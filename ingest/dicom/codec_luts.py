@@ -1,7 +1,7 @@
 """Lookup tables of an image: read from its dataset once, applied to each frame as pydicom 3 does.
 
 Two tables turn ``pixel_array`` values into the values the output holds
-(DESIGN.md 3.4): a PALETTE COLOR image's three channels (pydicom's
+(docs/output.md): a PALETTE COLOR image's three channels (pydicom's
 ``apply_color_lut``) and a Modality LUT Sequence (``apply_modality_lut``).
 ``codec`` reads them here into :class:`Lut` values that hold the tables
 themselves, so a decoding process needs no dataset, and applies them with the

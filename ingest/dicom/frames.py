@@ -1,7 +1,7 @@
 """Per-frame Rescale Slope and Intercept read straight from the raw functional groups.
 
-A multi-frame object (Enhanced CT/MR, DESIGN.md 3.4's "per frame where the
-file has per-frame values") carries one Per-Frame Functional Groups item per
+A multi-frame object (Enhanced CT/MR, whose output is rescaled per frame:
+docs/output.md) carries one Per-Frame Functional Groups item per
 frame. pydicom turns each into a ``Dataset`` when it is first read, about
 90 us a frame: 0.18 s of one core, under pydicom's lock, for a 2,048-frame
 object whose pixels arrive in 0.1 s (``python -m ingest.bench.diagnostics.header_cost``).

@@ -1,6 +1,7 @@
 """The Modality LUT of a header: Rescale Slope and Intercept, per frame where the file has them.
 
-DESIGN.md 3.4: a frame's own Pixel Value Transformation (Per-Frame Functional
+The output is rescaled per frame where the file has per-frame values
+(docs/output.md): a frame's own Pixel Value Transformation (Per-Frame Functional
 Groups) wins over the shared one; without functional groups, Rescale Slope and
 Intercept apply when both are present, as pydicom's ``apply_modality_lut``
 does. Per-frame values are read from the raw sequence by ``frames`` when

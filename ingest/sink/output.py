@@ -1,7 +1,7 @@
 """Writing outputs: the ``.npy`` array (streamed, multipart when large) and its JSON sidecar.
 
 For a source ``s3://B/K`` the outputs are ``OUTPUT_URL + B + "/" + K + ".npy"``
-and ``... + ".json"`` (DESIGN.md 3.4). The array arrives as output chunks in
+and ``... + ".json"`` (docs/output.md). The array arrives as output chunks in
 order; small arrays are written with one PUT, larger ones with a multipart
 upload whose parts (8 MiB, S3 wants at least 5 MiB; larger only when an
 output would need more than S3's 10,000 parts) are uploaded while later

@@ -1,4 +1,4 @@
-"""Pure builders of the JSON documents the worker emits (DESIGN.md 3.4).
+"""Pure builders of the JSON documents the worker emits (their fields: docs/output.md).
 
 The sidecar and the result event are the same document. The dead-letter
 record carries the original Kafka record so nothing is lost: its value as
