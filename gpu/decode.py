@@ -3,9 +3,9 @@
 A ``ChunkJob`` with ``encoded`` frames carries codestreams instead of samples.
 The device thread decodes every encoded frame of a batch in one nvImageCodec
 call per colour conversion (frames of one object and of many together: the
-batched call is what makes the GPU fast, 10-20 times one frame a call), on the
-runner's own stream, each frame into its place in the runner's input arena,
-which ``nvimgcodec.as_image`` wraps as the frame's output image. The
+batched call is what makes the GPU fast: one frame a call is many times slower),
+on the runner's own stream, each frame into its place in the runner's input
+arena, which ``nvimgcodec.as_image`` wraps as the frame's output image. The
 preprocessing kernel then reads decoded frames exactly as it reads copied
 samples, and the decoded values never visit host memory.
 

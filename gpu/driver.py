@@ -5,9 +5,9 @@ memory, copies, one module and one kernel launch: about twenty calls into
 ``libcuda.so.1``, which the NVIDIA driver installs wherever CUDA runs. They are
 made here rather than through a Python CUDA library for memory and for the GIL:
 
-- **CuPy** costs ~160 MiB of resident memory at ``import cupy`` (its core
-  loads cuBLAS and cuBLASLt; ``python3 -m ingest.bench.diagnostics.rss_cost cuda``),
-  more than half of what a CUDA worker holds before its ring, against a
+- **CuPy**'s ``import cupy`` costs more than half of the resident memory a CUDA
+  worker holds before its ring (its core loads cuBLAS and cuBLASLt;
+  ``python3 -m ingest.bench.diagnostics.rss_cost cuda`` measures it), against a
   ``ring + 300 MB`` target. A worker without a hook never imports it.
 - **cuda-bindings** (NVIDIA's Cython bindings) is light to import but lets go
   of the GIL in every call. On the device thread that is a loss for the calls

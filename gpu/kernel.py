@@ -22,11 +22,11 @@ Loading: the package ships the kernel compiled for the GPUs we measure on
 (``gpu/cubin/``, made by ``python -m gpu.build_cubin`` on such a GPU, with the
 SHA-256 of ``SOURCE`` it was built from). On a GPU of that architecture the
 worker loads it through the driver (``gpu.driver``) and never loads NVRTC or
-CuPy: no compile at start-up (a fresh container has no kernel cache) and
-41-82 MiB less resident memory than NVRTC, with CuPy's kernel cache warm or
-cold (``python3 -m ingest.bench.diagnostics.rss_cost cuda``). Elsewhere, or if the
-shipped build is not of this ``SOURCE``, CuPy compiles the source with NVRTC and
-caches it on disk.
+CuPy: no compile at start-up (a fresh container has no kernel cache) and less
+resident memory than NVRTC, with CuPy's kernel cache warm or cold
+(``python3 -m ingest.bench.diagnostics.rss_cost cuda`` measures both).
+Elsewhere, or if the shipped build is not of this ``SOURCE``, CuPy compiles the
+source with NVRTC and caches it on disk.
 
 Importing this module needs NumPy only (``gpu.driver`` is ``ctypes``).
 """

@@ -1,12 +1,12 @@
 """Host buffers for the ring: page-locked (pinned) when CUDA is used, anonymous memory otherwise.
 
-Only pinned memory lets a host-to-device copy run asynchronously at full
-speed; pageable memory is staged by the driver (DESIGN.md 5: ~55 GB/s pinned
-against 10-17 GB/s pageable). Pinned memory is allocated on the
-device thread (``DeviceThread.alloc_host`` does that), where the device's
-context is current, through the driver (``gpu.driver``). Every buffer's
-usable region starts on a 64 KiB boundary: the allocation is over-sized by
-one alignment and the region offset into it.
+Only pinned memory lets a host-to-device copy run asynchronously at full speed;
+pageable memory is staged by the driver through a pinned buffer of its own, at a
+fraction of the rate. Pinned memory is allocated on the device thread
+(``DeviceThread.alloc_host`` does that), where the device's context is current,
+through the driver (``gpu.driver``). Every buffer's usable region starts on a
+64 KiB boundary: the allocation is over-sized by one alignment and the region
+offset into it.
 
 ``COUNTERS`` counts every host allocation made here, so a benchmark can show
 that steady state allocates nothing per object.

@@ -170,8 +170,8 @@ def preprocess_numpy(
     src = raw.view(plan.stored_dtype)
     block = min(plan.n, BLOCK_ELEMENTS)
     ints = np.empty(block, dtype=plan.stored_dtype)
-    # float32 when every value of the chunk is exact in it: the same bits in less than
-    # half the time (a CT slice: 72 against 139 us: python -m ingest.bench.diagnostics.twin_cost)
+    # float32 when every value of the chunk is exact in it: the same bits in less time
+    # (python -m ingest.bench.diagnostics.twin_cost compares the two)
     work = np.float32 if exact_in_float32(plan) else np.float64
     floats = np.empty(block, dtype=work)
     slopes = np.asarray(plan.slopes, dtype=work)

@@ -351,12 +351,12 @@ def device_environment(
     - ``CUDA_VISIBLE_DEVICES``: the first of ``--gpus``, where given.
     - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` unless set, when the device does not decode
       (``decodes``): the worker then queues all its device work on one stream, so one
-      hardware queue to the GPU is all it uses, and the driver's default of 8 holds
-      46 MiB more of host memory. nvImageCodec's decoders run on streams of their
-      own: on one queue they wait for each other (JPEG 2000 and HTJ2K decode 5-6
-      times slower, docs/benchmarks.md), so a worker that decodes keeps the
-      default. A hook that runs work on streams of its own may want them back too:
-      set the variable and it is left alone.
+      hardware queue to the GPU is all it uses, and the driver's default of 8 holds more
+      host memory. nvImageCodec's decoders run on streams of their own: on one queue
+      they wait for each other (JPEG 2000 and HTJ2K decode several times slower:
+      docs/benchmarks.md), so a worker that decodes keeps the default. A hook that runs
+      work on streams of its own may want them back too: set the variable and it is left
+      alone.
     """
     if gpus:
         environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
@@ -403,7 +403,7 @@ async def _worker(settings: Settings) -> int:
 
 
 def _import_worker() -> type[Worker]:
-    """The worker's modules (pydicom, botocore, the stages): ~0.5 s of imports."""
+    """The worker's modules (pydicom, botocore, the stages): the slow part of start-up."""
     from ingest.worker import Worker
 
     return Worker

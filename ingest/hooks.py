@@ -17,10 +17,10 @@ may keep it, or ``torch.from_dlpack(chunk.array)``, which shares its memory
 without a copy (``tests/test_hook.py`` runs both on CUDA). What a hook keeps
 stays in GPU memory until it lets go.
 
-The worker's own CUDA path does not use CuPy (``gpu/driver.py`` says why);
-a hook on CUDA does, so the worker imports it at start-up when a hook is set
-(``enable_device_arrays``: ~160 MiB of resident memory, the price of CuPy),
-and refuses to start if it is missing.
+The worker's own CUDA path does not use CuPy (``gpu/driver.py`` says why); a
+hook on CUDA does, so the worker imports it at start-up when a hook is set
+(``enable_device_arrays``: CuPy's import is the larger part of a CUDA worker's
+resident memory before its ring), and refuses to start if it is missing.
 
 With ``DICOM_INGEST_SINK=none`` nothing is written to S3 and the arrays never
 leave the GPU: the real-time analysis case. The result event and the audit

@@ -1,29 +1,28 @@
 """Frames decoded in worker processes, awaited from the event loop.
 
-pydicom's decoding plugins for JPEG, JPEG-LS and JPEG 2000 (pylibjpeg's
-libjpeg and openjpeg, pyjpegls) hold the GIL while they decode: two threads
-decode no faster than one, two processes almost twice as fast on two cores
-(``python -m ingest.bench.diagnostics.decode_scaling``). So those frames go to
-a pool of processes, one a core by default (``DECODE_PROCESSES``), shared by
-every object: frames of one object and of many decode at once (16 processes
-decode 4.6-13x as many frames a second as one thread). An RLE frame decodes
-in about a millisecond, little more than sending it to a process and its
-result back costs: with fewer than ``RLE_POOL_FROM`` processes RLE decodes in
-a thread of this process (two processes: 0.31x a thread; sixteen: 1.5x).
-Native Pixel Data needs only NumPy and always decodes in a thread.
+pydicom's decoding plugins for JPEG, JPEG-LS and JPEG 2000 (pylibjpeg's libjpeg
+and openjpeg, pyjpegls) hold the GIL while they decode: two threads decode no
+faster than one, while processes scale with the cores
+(``python -m ingest.bench.diagnostics.decode_scaling``). So those frames go to a
+pool of processes, one a core by default (``DECODE_PROCESSES``), shared by every
+object: frames of one object and of many decode at once. An RLE frame decodes in
+little more time than sending it to a process and its result back costs, so a
+small pool decodes RLE slower than one thread and only a large one faster: with
+fewer than ``RLE_POOL_FROM`` processes RLE decodes in a thread of this process
+(docs/dicom-support.md has the measurements). Native Pixel Data needs only NumPy
+and always decodes in a thread.
 
 The pool starts at the first object that needs it, so a worker that never sees
-compressed data never pays for it. Its processes are forked from a fork
-server: a process started from a clean interpreter, so forking it is safe
-where forking this one, which runs threads, could deadlock. The fork server
-imports ``PRELOAD`` (NumPy, pydicom and its plugins, the codec) once, and each
-process forked from it shares those pages instead of importing its own copy
-(spawned, the 4.41 GB slide's process tree peaked 14 MB higher by proportional
-set size on the 2-core machine: docs/benchmarks.md).
-Python keeps one fork server a process, and its preload list is the process's
-(set here before the pool starts; nothing else in the worker starts processes
-that way). The first process waits for the fork server's imports, about a
-second, so the pool starts in a thread, not on the event loop.
+compressed data never pays for it. Its processes are forked from a fork server:
+a process started from a clean interpreter, so forking it is safe where forking
+this one, which runs threads, could deadlock. The fork server imports
+``PRELOAD`` (NumPy, pydicom and its plugins, the codec) once, and each process
+forked from it shares those pages instead of importing its own copy
+(docs/benchmarks.md compares the memory of forked and spawned pools). Python
+keeps one fork server a process, and its preload list is the process's (set here
+before the pool starts; nothing else in the worker starts processes that way).
+The first process waits for the fork server's imports, so the pool starts in a
+thread, not on the event loop.
 
 A task is a group of frames: the codec description and the frames' bytes go
 to a process, the decoded array comes back. What goes wrong in a process is an

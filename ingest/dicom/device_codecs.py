@@ -2,9 +2,9 @@
 
 The device decodes a frame only where its result is the CPU path's
 (``ingest.dicom.codec``: pydicom's ``pixel_array``): exactly for the lossless
-syntaxes, within the lossy bound for the others (``tests/test_gpu_decode.py``
-checks both on the device). Measured with nvImageCodec 0.9 on an H100, over
-pydicom's and this project's compressed samples:
+syntaxes, within the lossy bound for the others (``tests/test_gpu_decode.py`` checks
+both on the device). Checked with nvImageCodec 0.9 over pydicom's and this project's
+compressed samples:
 
 - JPEG Baseline: monochrome, and YBR_FULL / YBR_FULL_422 converted to RGB (as
   pydicom converts them). A JPEG labelled RGB is not sent: pydicom reads its
@@ -19,16 +19,16 @@ pydicom's and this project's compressed samples:
   HTJ2K (1.2.840.10008.1.2.4.203, lossy allowed) is not sent: on a lossy 12-bit
   128 x 96 slice nvImageCodec's result was 25.8 dB from openjpeg's, under the
   40 dB bound.
-- JPEG 2000 (Part 1) decodes on the device exactly as on the CPU, but nvJPEG2000
-  is fast only over large batches (nvImageCodec's batched call: 686 CT slices a
-  second against 79 one frame a call, H100). Single-frame objects reach the
-  device a few at a time (the worker took 88 CT slices a second decoding them
-  there, with one CUDA hardware queue, and 162 on its CPU processes, H100, 16
-  cores), so they stay on the CPU. An object of ``MIN_DEVICE_J2K_FRAMES`` frames
-  or more (an Enhanced CT series, a slide) fills batches of its own and goes to
-  the device: 610 slices a second for a 1,200-frame CT volume against 279 for 16
-  processes (docs/benchmarks.md). The bound is one device group of 512 x 512
-  frames in hook mode; volumes between 1 and 1,200 frames were not measured.
+- JPEG 2000 (Part 1) decodes on the device exactly as on the CPU, but nvJPEG2000 is
+  fast only over large batches: one frame a call is many times slower than
+  nvImageCodec's batched call. Single-frame objects reach the device a few at a
+  time, too few to batch, and the worker's CPU processes decode them faster, so they
+  stay on the CPU. An object of ``MIN_DEVICE_J2K_FRAMES`` frames or more (an
+  Enhanced CT series, a slide) fills batches of its own and goes to the device,
+  which decodes it faster than the CPU processes do (docs/benchmarks.md, "Decoding
+  compressed objects"). The bound is one device group of 512 x 512 frames in hook
+  mode, not a measured crossover: no volume between a single frame and the
+  benchmark's 1,200-frame one was measured.
 
 Palette colour and the Modality LUT Sequence are table look-ups pydicom applies
 after decoding: those objects stay on the CPU path. The device output is the
@@ -55,9 +55,10 @@ J2K_PART1: Final = frozenset(uid for uid, s in SYNTAXES.items() if s.family == "
 DEVICE_SYNTAXES: Final = MATCHING_SYNTAXES
 MIN_DEVICE_J2K_FRAMES: Final = 32
 _MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
-# Smaller frames decode faster on the CPU processes: the GPU (batches of 64) is ahead of
-# 16 processes from 128 x 128 for JPEG colour tiles, from 256 x 256 for JPEG
-# monochrome and HTJ2K (python -m ingest.bench.diagnostics.decode_crossover, H100).
+# Smaller frames decode faster on the CPU processes: from these sizes on, the device's
+# batches overtake a pool of one process a core (sooner for JPEG colour tiles than for
+# JPEG monochrome and HTJ2K). Where they lie depends on the machine: python -m
+# ingest.bench.diagnostics.decode_crossover measures them.
 MIN_DEVICE_PIXELS_JPEG_COLOUR: Final = 128 * 128
 MIN_DEVICE_PIXELS: Final = 256 * 256
 

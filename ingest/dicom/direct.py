@@ -1,15 +1,14 @@
 """A plain DICOM header read straight from its bytes, without pydicom.
 
-pydicom reads a CT slice's header in ~470 us of one core
-(``.venv/bin/python -m ingest.bench.diagnostics.header_cost``), holding the lock that keeps its
-warning filters sane: about a sixth of a slice's CPU in the worker, and one
-parse at a time across its GET threads. Most headers are plain: a file meta
+pydicom reads a CT slice's header holding the lock that keeps its warning
+filters sane: a large share of a slice's CPU in the worker
+(``.venv/bin/python -m ingest.bench.diagnostics.header_cost`` measures it), and
+one parse at a time across its GET threads. Most headers are plain: a file meta
 with an uncompressed little-endian transfer syntax, then a data set whose image
 attributes are single values in their dictionary VR. For those,
-``read_plain_header`` walks the elements (``walk``), converts the
-fifteen values the pipeline needs as pydicom converts them, and gives them to
-the same checks as the pydicom path (``header``), in a tenth of the
-time.
+``read_plain_header`` walks the elements (``walk``), converts the fifteen values
+the pipeline needs as pydicom converts them, and gives them to the same checks
+as the pydicom path (``header``), in a tenth of the time.
 
 It returns None for anything else, and pydicom reads the header instead
 (and words the error, if there is one): no 'DICM'; a missing, repeated or

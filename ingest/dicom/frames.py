@@ -1,14 +1,14 @@
 """Per-frame Rescale Slope and Intercept read straight from the raw functional groups.
 
 A multi-frame object (Enhanced CT/MR, whose output is rescaled per frame:
-docs/output.md) carries one Per-Frame Functional Groups item per
-frame. pydicom turns each into a ``Dataset`` when it is first read, about
-90 us a frame: 0.18 s of one core, under pydicom's lock, for a 2,048-frame
-object whose pixels arrive in 0.1 s (``python -m ingest.bench.diagnostics.header_cost``).
-Here the sequence's raw bytes (a ``RawDataElement``, still unconverted when
-its length is defined) are walked (``walk``) for the two values only: each frame item's
-top-level elements are skipped by their lengths, and only its Pixel Value
-Transformation Sequence is entered.
+docs/output.md) carries one Per-Frame Functional Groups item per frame. pydicom
+turns each into a ``Dataset`` when it is first read, under pydicom's lock: for an
+object of thousands of frames that takes longer than its pixels take to arrive
+(``python -m ingest.bench.diagnostics.header_cost`` measures both). Here the
+sequence's raw bytes (a ``RawDataElement``, still unconverted when its length is
+defined) are walked (``walk``) for the two values only: each frame item's top-level
+elements are skipped by their lengths, and only its Pixel Value Transformation
+Sequence is entered.
 
 Anything this walker is not sure of (a value with several numbers or none, a
 length that runs out of its parent, an unexpected tag, a big-endian or

@@ -129,12 +129,12 @@ def parse_header(
 ) -> DicomHeader | NeedMoreBytes:
     """Parse the header in ``prefix`` (the object's first bytes) and locate its Pixel Data.
 
-    Returns :class:`NeedMoreBytes` when ``prefix`` is shorter than the object
-    and ends before the Pixel Data element header. With ``per_frame=False`` a
-    Per-Frame Functional Groups Sequence is left unread (``per_frame_pending``):
-    the layout is known in a fraction of the time (2,048 frames: ~0.5 against
-    ~13 ms: ``python -m ingest.bench.diagnostics.header_cost``), and the same prefix parsed again in
-    full gives the rescale values.
+    Returns :class:`NeedMoreBytes` when ``prefix`` is shorter than the object and ends
+    before the Pixel Data element header. With ``per_frame=False`` a Per-Frame
+    Functional Groups Sequence is left unread (``per_frame_pending``): the layout is
+    known in a fraction of the time (``python -m ingest.bench.diagnostics.header_cost``
+    compares the two), and the same prefix parsed again in full gives the rescale
+    values.
 
     ``inflated``: ``prefix`` is a Deflated object's data set, inflated, behind a
     file meta naming Explicit VR Little Endian (the encoding pydicom reads an

@@ -61,7 +61,7 @@ class Syntax:
     # the decoded values are the encoded ones (a lossy syntax may also hold lossless data)
     lossless: bool
     # nvImageCodec's frames are pydicom's (exact; a lossy one within the lossy bound):
-    # ``ingest/dicom/device_codecs.py`` says where it was measured and what else decides
+    # ``ingest/dicom/device_codecs.py`` says how it was checked and what else decides
     device: bool = False
     # the pydicom plugin tried first (a faster one than pydicom's first choice, with the
     # same values); "": pydicom's own order

@@ -5,17 +5,17 @@ one JPEG (or JPEG 2000) fragment. Real slides are 10-20 GB, so the writer never
 holds the object: the header is written with pydicom, then the encapsulated
 Pixel Data is written item by item (``write_fragments``).
 
-Making every tile distinct would cost ~2.5 ms a tile at 256 x 256 (making the
-pixels, then Pillow's encode): ten minutes for a 4 GiB slide, which the disk takes
-in seconds. Instead ``distinct`` tiles (61 by default, a prime, so rows of tiles
-do not line up) are made and encoded once and reused cyclically: tile ``k`` shows
-``tissue_tile(k mod distinct)``. Each fragment still differs from every other: a
-comment (JPEG: a COM segment after JFIF's; JPEG 2000: a COM marker segment after
-SIZ) says ``tile NNNNNNNNNNN``, so a reader that takes the wrong fragment is caught
-by its bytes. Since every fragment's length is then known before one is
-written, the offset tables go first without a second pass or patching: a Basic
-Offset Table while the fragments take less than 4 GiB, past that an empty one
-plus the Extended Offset Table and its lengths (``offsets="auto"``).
+Making every tile distinct would cost the pixels and Pillow's encode for every tile:
+minutes for a 4 GiB slide, which the disk takes in seconds. Instead ``distinct``
+tiles (61 by default, a prime, so rows of tiles do not line up) are made and encoded
+once and reused cyclically: tile ``k`` shows ``tissue_tile(k mod distinct)``. Each
+fragment still differs from every other: a comment (JPEG: a COM segment after
+JFIF's; JPEG 2000: a COM marker segment after SIZ) says ``tile NNNNNNNNNNN``, so a
+reader that takes the wrong fragment is caught by its bytes. Since every fragment's
+length is then known before one is written, the offset tables go first without a
+second pass or patching: a Basic Offset Table while the fragments take less than
+4 GiB, past that an empty one plus the Extended Offset Table and its lengths
+(``offsets="auto"``).
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ def write_fragments(
 
 def tissue_tile(index: int, rows: int, columns: int) -> npt.NDArray[np.uint8]:
     """An H&E-like RGB tile, deterministic in ``index``: pale background, pink stroma over
-    a smooth random mask, purple nuclei, a little noise. ~2 ms at 256 x 256 (float32
-    and integer arithmetic: float64 sines alone would take longer)."""
+    a smooth random mask, purple nuclei, a little noise. float32 and integer arithmetic:
+    float64 sines alone would take longer."""
     rng = np.random.default_rng([0x57D1, index])
     y = np.linspace(0.0, 1.0, rows, dtype=np.float32)[:, None]
     x = np.linspace(0.0, 1.0, columns, dtype=np.float32)[None, :]
@@ -314,7 +314,7 @@ def write_jpeg_slide(
     it (default: whole tiles). ``offsets``: see ``write_fragments``.
 
     At 256 x 256 and quality 85 a JPEG tile takes ~19 KB: 500 x 500 tiles make a
-    4.3 GiB slide (with an Extended Offset Table), written in ~8 s on the 2-core machine.
+    4.3 GiB slide (with an Extended Offset Table), written in seconds.
     """
     target = Path(path)
     with target.open("wb") as fp:

@@ -11,11 +11,11 @@ Why it is the default: a CRC is linear, so the CRC of ``A || B`` follows from
 the CRCs of ``A`` and ``B`` and the length of ``B`` (``combine_crc64nvme``).
 Each range is checksummed as soon as it is read, in whatever order ranges
 arrive, and the parts are combined at the end. awscrt's CRC64NVME uses the
-carry-less multiply instructions (PCLMULQDQ/VPCLMULQDQ, PMULL on ARM) at
-~30 GB/s a core, twenty times SHA-256's rate, so the digest no longer holds
-a large object to one core's hash rate (docs/benchmarks.md, "Source digest").
-It detects corruption, not tampering: ``sha256`` remains the setting for a
-cryptographic digest.
+carry-less multiply instructions (PCLMULQDQ/VPCLMULQDQ, PMULL on ARM), many
+times SHA-256's rate on one core, so the digest no longer holds a large object
+to one core's hash rate (docs/benchmarks.md, "Source digest"). It detects
+corruption, not tampering: ``sha256`` remains the setting for a cryptographic
+digest.
 """
 
 from __future__ import annotations

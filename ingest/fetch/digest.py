@@ -2,13 +2,13 @@
 
 * ``crc64nvme`` (the default): the full-object CRC64NVME that S3 itself stores
   and shows (``source.crc64nvme``; ``ingest/fetch/crc_digest.py``), fed in any
-  order: each range is checksummed right after its GET at ~30 GB/s a core and
-  the parts are combined. It finds corrupted bytes, not forged ones.
+  order: each range is checksummed right after its GET and the parts are
+  combined. It finds corrupted bytes, not forged ones.
 * ``sha256``: the plain SHA-256 of the whole object (``source.sha256``), the
   cryptographic digest. It is sequential, so the ranges must be fed in order
   (``in_order``), and one object is hashed on one core whatever the number of
-  ranges in flight: 0.5-1.0 core-s/GB (hashlib, OpenSSL), which caps one large
-  object at that rate.
+  ranges in flight, which caps one large object at one core's hash rate (hashlib,
+  OpenSSL).
 * ``sha256-tree``: the SHA-256 tree hash of Amazon S3 Glacier
   (``source.sha256_tree``; ``ingest/fetch/tree_digest.py``), fed in any order: each
   range is hashed as soon as it is read, on as many cores as there are ranges
@@ -66,7 +66,7 @@ class SourceDigest:
 
     @property
     def on_get_thread(self) -> bool:
-        """Whether ``update`` is cheap enough to run on a GET's thread (the CRC, ~30 GB/s)."""
+        """Whether ``update`` is cheap enough to run on a GET's thread (the CRC)."""
         return self._crc is not None
 
     def update(self, start: int, data: memoryview) -> None:

@@ -2,13 +2,12 @@
 
 ``threaded_http.get_into`` writes a request with ``request_head`` and reads the
 answer with ``read_answer``. ``http.client``'s request and response objects
-(header building, ``email``-based parsing) cost about 50 us more CPU per
-request, GIL held: 135 against 88 us for the whole request, client and a
-loopback server together (``python -m ingest.bench.diagnostics.request_cost``), which sixteen
-reader threads take from the device thread. What S3 answers a GET is small
-and regular: one status line, a few headers, then a body of a known length.
-The body is received straight into the caller's memory, in one
-``recv(MSG_WAITALL)`` on plain connections.
+(header building, ``email``-based parsing) cost more CPU per request, GIL held
+(``python -m ingest.bench.diagnostics.request_cost`` measures the whole request,
+client and a loopback server together), which the reader threads take from the
+device thread. What S3 answers a GET is small and regular: one status line, a
+few headers, then a body of a known length. The body is received straight into
+the caller's memory, in one ``recv(MSG_WAITALL)`` on plain connections.
 
 Failures: ``HttpStatusError`` (an error status, or a data answer S3 would not
 send), ``BodyCut`` (the body ended or broke before its length), ``NoAnswer``

@@ -147,7 +147,7 @@ class S3Source:
         # ``fetch_concurrency`` GET threads for all objects bound the GETs in flight; a thread
         # that finishes a range takes the next queued one, as KvikIO's pool does (no permit
         # handed on through the loop). PUTs have twice as many threads of their own. Plain
-        # executors: anyio's to_thread costs a CT slice ~60 us more on the loop.
+        # executors: anyio's to_thread costs each CT slice more time on the loop.
         self._gets = ThreadPoolExecutor(settings.fetch_concurrency, "s3-get")
         self._puts = ThreadPoolExecutor(2 * settings.fetch_concurrency, "s3-put")
         self._pool = ConnectionPool(

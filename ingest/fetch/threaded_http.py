@@ -2,12 +2,12 @@
 
 Ranged GETs read into caller memory (``get_into``); PUTs send from it
 (``put_from``). Why the bytes do not go through aiobotocore: every body byte
-read or written through aiohttp passes the one event-loop thread (about
-1 GB/s per core) and is copied into or out of
-``bytes``. Here a worker thread receives the body straight into the ring slot,
-or hands the output arrays' own memory to ``sendall``: the kernel does the
-only copy, the GIL is released meanwhile, and there is one thread per request
-in flight, so transfers use every core.
+read or written through aiohttp passes the one event-loop thread, so one core
+bounds the rate, and is copied into or out of ``bytes``. Here a worker thread
+receives the body straight into the ring slot, or hands the output arrays' own
+memory to ``sendall``: the kernel does the only copy, the GIL is released
+meanwhile, and there is one thread per request in flight, so transfers use every
+core.
 
 A GET writes its request and reads its answer on the socket itself
 (``http_answer.py`` says why), the whole body in one ``recv(MSG_WAITALL)`` on

@@ -7,14 +7,13 @@ level by level, until one is left (an odd one out moves up unchanged).
 file, so anyone can check ours; for an object of at most 1 MiB (a CT slice) it
 is the plain SHA-256.
 
-Why it exists: the plain SHA-256 (``ingest/fetch/digest.py``) is sequential,
-so it holds one large object at one core's hash rate (1-2 GB/s, several times
-slower than the reads). The leaves of a tree hash are
-independent: each range's leaves are hashed in a worker thread as soon as the
-range is read, in whatever order the ranges arrive, on as many cores as there
-are ranges in flight (hashlib releases the GIL). A leaf that straddles two
-ranges is kept as pieces (at most two per range, each under 1 MiB) until both
-ranges are in, then joined and hashed.
+Why it exists: the plain SHA-256 (``ingest/fetch/digest.py``) is sequential, so
+it holds one large object at one core's hash rate, several times slower than the
+reads. The leaves of a tree hash are independent: each range's leaves are hashed
+in a worker thread as soon as the range is read, in whatever order the ranges
+arrive, on as many cores as there are ranges in flight (hashlib releases the
+GIL). A leaf that straddles two ranges is kept as pieces (at most two per range,
+each under 1 MiB) until both ranges are in, then joined and hashed.
 """
 
 from __future__ import annotations

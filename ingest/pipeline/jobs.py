@@ -239,7 +239,7 @@ def object_reads(
     quarters of the ring at most).
 
     A digest that takes ranges in any order takes each one right after its GET: the
-    CRC on the GET's own thread while the bytes are still in cache, the tree hash (~20
+    CRC on the GET's own thread while the bytes are still in cache, the tree hash (many
     times the CPU) in a worker thread, off the GET threads. Either way the ranges in
     flight are hashed on as many cores; the consumer gets a range once it is hashed.
     """

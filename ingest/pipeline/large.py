@@ -118,7 +118,7 @@ async def read_large(
 
     The reads start from the header's layout; per-frame rescale values, when the
     object has them, are parsed from ``prefix`` meanwhile, so they do not delay the
-    first range (2,048 frames take ~13 ms).
+    first range.
     """
     timings = Timings()
     if layout.codec is not None:  # encapsulated frames, decoded as their ranges arrive

@@ -7,15 +7,15 @@ a ``FrameSplitter``), and frames go on in groups (``decoded.compressed_step``), 
 frame order.
 
 Frames the device decodes are not copied out of the slot: each is a view of the
-pinned slot it was read into, from which nvImageCodec reads it (a slide's tiles
-are ~30 KB, and their copy was half the host time of a tile). The slot then stays
+pinned slot it was read into, from which nvImageCodec reads it (a slide's tiles are
+~30 KB, and their copy was a large share of a tile's host time). The slot then stays
 out of the ring until its frames are decoded: each view holds a reference on it
-(``SlotRefs``) until its group's step is done, and the group's device job holds
-one more until the device thread has read the frames (its ``on_consumed``), since
-a cancelled step may leave its job behind on the device. A frame split across two
-ranges, and every frame the CPU decodes, is copied; so are the frames a range
-leaves over for the next group (fewer than a group), since a slot they held would
-wait on reads that may need it (a group larger than the ring's free slots hung).
+(``SlotRefs``) until its group's step is done, and the group's device job holds one
+more until the device thread has read the frames (its ``on_consumed``), since a
+cancelled step may leave its job behind on the device. A frame split across two
+ranges, and every frame the CPU decodes, is copied; so are the frames a range leaves
+over for the next group (fewer than a group), since a slot they held would wait on
+reads that may need it (a group larger than the ring's free slots hung).
 """
 
 from __future__ import annotations

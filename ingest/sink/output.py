@@ -37,8 +37,8 @@ _MIB = 1024 * 1024
 NPY_TYPE = "application/octet-stream"
 # Every part says what it holds too, though S3 takes the object's type from the create
 # and ignores a part's: SeaweedFS sniffs a request that has none and gzips each chunk
-# whose first 128 bytes compress, as CT values do, which cost it 1.6x the CPU per byte
-# of a part (docs/benchmarks.md, "Outputs to S3"). Sent unsigned, as S3 allows.
+# whose first 128 bytes compress, as CT values do, which cost it more CPU per byte of a
+# part (docs/benchmarks.md, "Outputs to S3"). Sent unsigned, as S3 allows.
 _PART_HEADERS = {"Content-Type": NPY_TYPE}
 
 

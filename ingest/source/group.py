@@ -15,10 +15,9 @@ worker's modules (in a thread, so the join's round trips go on); a ``Worker``
 given no member starts one itself, first thing in ``run``.
 
 Leaving: aiokafka 0.14 sends LeaveGroup only from generation 1 on, Kafka's
-first; Tansu's first generation is 0, so a worker stopped in it stayed a
-member until its session timed out, and a worker started again meanwhile
-waited for that (4.4 s on the embedded stack, 55 s at the default session
-timeout). ``start`` lets aiokafka's own leave run for generation 0 too.
+first; Tansu's first generation is 0, so a worker stopped in it stayed a member
+until its session timed out, and a worker started again meanwhile waited for
+that. ``start`` lets aiokafka's own leave run for generation 0 too.
 """
 
 from __future__ import annotations
