@@ -45,10 +45,15 @@ class Enqueue:
         if not (width and height):
             return
         copy = Memcpy2D(
-            srcMemoryType=MEMORYTYPE_HOST, srcHost=src, srcPitch=spitch,
-            dstMemoryType=MEMORYTYPE_DEVICE, dstDevice=dst, dstPitch=dpitch,
-            WidthInBytes=width, Height=height,
-        )  # fmt: skip
+            srcMemoryType=MEMORYTYPE_HOST,
+            srcHost=src,
+            srcPitch=spitch,
+            dstMemoryType=MEMORYTYPE_DEVICE,
+            dstDevice=dst,
+            dstPitch=dpitch,
+            WidthInBytes=width,
+            Height=height,
+        )
         self._lib("cuMemcpy2DAsync_v2", ctypes.byref(copy), stream.handle)
 
     def d2h(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:

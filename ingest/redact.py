@@ -34,20 +34,54 @@ from typing import Any, Final
 
 PHI_FIELDS: Final = frozenset(
     {
-        "patient_name", "patientname", "patient_id", "patientid", "patient_birth_date",
-        "patientbirthdate", "birth_date", "birthdate", "patient_sex", "patient_age",
-        "patient_address", "patientaddress", "address", "patient_telephone_numbers",
-        "accession_number", "accessionnumber", "other_patient_ids", "otherpatientids",
-        "other_patient_names", "patient_comments", "image_comments", "study_description",
-        "series_description", "institution_name", "institution_address",
-        "referring_physician_name", "performing_physician_name", "operators_name",
-        "free_text", "comments", "patient",
+        "patient_name",
+        "patientname",
+        "patient_id",
+        "patientid",
+        "patient_birth_date",
+        "patientbirthdate",
+        "birth_date",
+        "birthdate",
+        "patient_sex",
+        "patient_age",
+        "patient_address",
+        "patientaddress",
+        "address",
+        "patient_telephone_numbers",
+        "accession_number",
+        "accessionnumber",
+        "other_patient_ids",
+        "otherpatientids",
+        "other_patient_names",
+        "patient_comments",
+        "image_comments",
+        "study_description",
+        "series_description",
+        "institution_name",
+        "institution_address",
+        "referring_physician_name",
+        "performing_physician_name",
+        "operators_name",
+        "free_text",
+        "comments",
+        "patient",
     }
-)  # fmt: skip
+)
 _SECRET_WORDS: Final = (
-    "password", "passwd", "secret", "token", "credential", "signature", "authorization",
-    "cookie", "private_key", "audit_key", "data_key", "api_key", "access_key",
-)  # fmt: skip
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "credential",
+    "signature",
+    "authorization",
+    "cookie",
+    "private_key",
+    "audit_key",
+    "data_key",
+    "api_key",
+    "access_key",
+)
 KEY_FIELDS: Final = frozenset({"key", "object_key", "source_key", "s3_key"})
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _PATTERNS: Final = (

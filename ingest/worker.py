@@ -205,8 +205,13 @@ class Worker:
                 services.start_soon(self._commits.loop)
                 services.start_soon(self._audit.run)  # digests, spool
                 services.start_soon(probe, self.health, self._check_broker, self._check_s3)
-                log.info("worker started", backend=stage.backend, worker=s.worker_id,
-                         start_s=round(time.monotonic() - t0, 3), device_wait_s=waited)  # fmt: skip
+                log.info(
+                    "worker started",
+                    backend=stage.backend,
+                    worker=s.worker_id,
+                    start_s=round(time.monotonic() - t0, 3),
+                    device_wait_s=waited,
+                )
                 task_status.started()
                 with self._work_scope:
                     async with anyio.create_task_group() as objects:

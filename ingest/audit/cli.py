@@ -41,9 +41,13 @@ def add_audit_parser(commands: Any) -> None:
         "verify", parents=[common], help="check the trail; name the first break"
     )
     verify.add_argument(
-        "--public-key", type=Path, action="append", default=[], metavar="PEM",
+        "--public-key",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PEM",
         help="a trusted digest signing key (repeatable); default: the key each trail announced",
-    )  # fmt: skip
+    )
     verify.add_argument("--no-decrypt", action="store_true", help="check without any key")
     verbs.add_parser("decrypt", parents=[common], help="print every record (needs the key)")
     export = verbs.add_parser("export", parents=[common], help="write the topic to a file")

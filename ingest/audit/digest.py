@@ -127,11 +127,20 @@ class DigestSigner:
     def sign(self, last_seq: int, chain_head: str, envelope_head: str, time: str) -> bytes:
         """The digest message covering records up to ``last_seq`` (the Kafka value)."""
         body = {
-            "type": "digest", "v": 1, "alg": "Ed25519", "worker": self._worker,
-            "trail": self._trail, "digest_seq": self._next, "first_seq": self._first_seq,
-            "last_seq": last_seq, "chain_head": chain_head, "envelope_head": envelope_head,
-            "prev_digest": self._prev, "time": time, "public_key": self._public,
-        }  # fmt: skip
+            "type": "digest",
+            "v": 1,
+            "alg": "Ed25519",
+            "worker": self._worker,
+            "trail": self._trail,
+            "digest_seq": self._next,
+            "first_seq": self._first_seq,
+            "last_seq": last_seq,
+            "chain_head": chain_head,
+            "envelope_head": envelope_head,
+            "prev_digest": self._prev,
+            "time": time,
+            "public_key": self._public,
+        }
         signed = _canonical(body)
         body["sig"] = base64.b64encode(self._key.sign(signed)).decode()
         self._next += 1

@@ -243,9 +243,13 @@ async def open_audit(settings: Settings, publisher: Publisher) -> AsyncIterator[
 async def _open_audit(s: Settings, publisher: Publisher) -> AsyncIterator[AuditPublisher]:
     ca = str(s.s3_ca_bundle) if s.s3_ca_bundle else None
     keys = key_source(
-        s.audit_key, s.audit_key_id, s.audit_keyring_file, s.audit_kms_key_id,
-        s.audit_kms_endpoint_url, ca,
-    )  # fmt: skip
+        s.audit_key,
+        s.audit_key_id,
+        s.audit_keyring_file,
+        s.audit_kms_key_id,
+        s.audit_kms_endpoint_url,
+        ca,
+    )
     try:
         static = s.audit_key if s.audit_key else None
         trail = AuditTrail(static, s.audit_key_id, s.worker_id, s3_endpoint=s.s3_endpoint_url)
@@ -254,9 +258,15 @@ async def _open_audit(s: Settings, publisher: Publisher) -> AsyncIterator[AuditP
         if s.audit_spool_dir is not None:
             spool = Spool(s.audit_spool_dir / s.worker_id, s.audit_spool_max_bytes)
         audit = AuditPublisher(
-            trail, publisher, s.audit_topic, s.worker_id,
-            keys=keys, signer=signer, settings=s, spool=spool,
-        )  # fmt: skip
+            trail,
+            publisher,
+            s.audit_topic,
+            s.worker_id,
+            keys=keys,
+            signer=signer,
+            settings=s,
+            spool=spool,
+        )
         await audit.start()
         try:
             yield audit

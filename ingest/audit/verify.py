@@ -306,10 +306,11 @@ class _Trail:
             )
         elif heads.get(last_seq) != b["envelope_head"]:
             self.find(
-                item, "changed",
+                item,
+                "changed",
                 f"records {b['first_seq']}..{last_seq} do not match digest {b['digest_seq']} "
                 "(a record in them was changed, removed or inserted)",
-            )  # fmt: skip
+            )
         record = self.plain.get(last_seq)
         if record is not None and record_digest(record) != b["chain_head"]:
             self.find(item, "changed", f"record {last_seq} differs from digest {b['digest_seq']}")

@@ -16,9 +16,19 @@ from ingest.settings import Settings, load_settings
 WORKLOADS = FETCH_WORKLOADS  # the default; the decode workloads run when named
 ALL_WORKLOADS = (*FETCH_WORKLOADS, CORPUS, *DECODE_WORKLOADS)
 READERS = (
-    "curl", "threads", "kvikio-raw", "naive", "kvikio", "pydicom-loop", "cpu-pool", "nvimgcodec",
-    "nvimgcodec-plugin", "put-raw", "ours", "ours-hook",
-)  # fmt: skip
+    "curl",
+    "threads",
+    "kvikio-raw",
+    "naive",
+    "kvikio",
+    "pydicom-loop",
+    "cpu-pool",
+    "nvimgcodec",
+    "nvimgcodec-plugin",
+    "put-raw",
+    "ours",
+    "ours-hook",
+)
 OURS_MODES = {"ours": {"SINK": "s3"}, "ours-hook": {"SINK": "none", "HOOK": HOOK_SPEC}}
 SCALED_MODES = ("ours-hook", "ours")
 

@@ -136,8 +136,13 @@ def decode_tasks(workload: Workload, processes: int) -> list[tuple[Any, list[byt
     """(codec, frames) groups over the workload's frames in order: consecutive objects with
     equal codecs share groups; a group decodes to at most ``GROUP_BYTES`` (one frame when
     a frame is larger), and there are at least ``TASKS_PER_PROCESS`` a process."""
-    per = max(1, min(GROUP_BYTES // max(1, workload.frame_bytes),
-                     math.ceil(workload.frames / (TASKS_PER_PROCESS * processes))))  # fmt: skip
+    per = max(
+        1,
+        min(
+            GROUP_BYTES // max(1, workload.frame_bytes),
+            math.ceil(workload.frames / (TASKS_PER_PROCESS * processes)),
+        ),
+    )
     runs: list[tuple[Any, list[bytes]]] = []
     for path in workload.files:
         codec, frames = _frames_of(path)
@@ -229,11 +234,12 @@ def decode_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
             if ours is None:
                 continue
             row: dict[str, Any] = {
-                "workload": workload, "mode": mode,
+                "workload": workload,
+                "mode": mode,
                 "syntax": report["workloads"][workload].get("transfer_syntax"),
                 "frames_per_s": ours,
                 "decoded_mb_per_s": _median(readers, mode, "decoded_mb_per_s"),
-            }  # fmt: skip
+            }
             for name, value in refs.items():
                 row[f"{_key(name)}_frames_per_s"] = value
                 row[f"ours_over_{_key(name)}"] = _over(ours, value)
@@ -254,8 +260,14 @@ def decode_targets(report: dict[str, Any], add: Any) -> None:
             continue
         for reader, goal in DECODE_GOALS.get(row["workload"], {}).items():
             v = row.get(f"ours_over_{_key(reader)}")
-            add(f"decode {row['workload']}: {GOAL_MODE} / {reader}", "gpu", v, f">= {goal:g}",
-                v is not None and v >= goal, "x")  # fmt: skip
+            add(
+                f"decode {row['workload']}: {GOAL_MODE} / {reader}",
+                "gpu",
+                v,
+                f">= {goal:g}",
+                v is not None and v >= goal,
+                "x",
+            )
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -268,11 +280,22 @@ def print_decode_tables(console: Console, report: dict[str, Any]) -> None:
         if workload not in DECODE_WORKLOADS:
             continue
         info = report["workloads"][workload]
-        table = Table(title=f"{workload}: {info['objects']} objects, {info['frames']} frames, "
-                      f"{info['bytes'] / 1e6:.1f} MB -> {info['decoded_bytes'] / 1e6:.0f} MB "
-                      "decoded (medians)")  # fmt: skip
-        columns = ("reader", "frames/s", "decoded MB/s", "source MB/s", "CPU ms/frame",
-                   "peak RSS MB", "p50 ms", "p99 ms", "note")  # fmt: skip
+        table = Table(
+            title=f"{workload}: {info['objects']} objects, {info['frames']} frames, "
+            f"{info['bytes'] / 1e6:.1f} MB -> {info['decoded_bytes'] / 1e6:.0f} MB "
+            "decoded (medians)"
+        )
+        columns = (
+            "reader",
+            "frames/s",
+            "decoded MB/s",
+            "source MB/s",
+            "CPU ms/frame",
+            "peak RSS MB",
+            "p50 ms",
+            "p99 ms",
+            "note",
+        )
         for column in columns:
             left = column in ("reader", "note")
             table.add_column(column, justify="left" if left else "right", no_wrap=column != "note")
@@ -283,29 +306,46 @@ def print_decode_tables(console: Console, report: dict[str, Any]) -> None:
                 continue
             m, lat = entry["median"], entry.get("latency_burst") or {}
             table.add_row(
-                name, _fmt(m.get("frames_per_s"), 1), _fmt(m.get("decoded_mb_per_s"), 1),
-                _fmt(m["gb_per_s"] * 1000, 1), _fmt(m.get("cpu_ms_per_frame"), 2),
-                _fmt(m["peak_rss_bytes"] / 1e6, 0), _fmt(lat.get("p50_ms"), 1),
-                _fmt(lat.get("p99_ms"), 1), "latency: burst" if lat else "",
-            )  # fmt: skip
+                name,
+                _fmt(m.get("frames_per_s"), 1),
+                _fmt(m.get("decoded_mb_per_s"), 1),
+                _fmt(m["gb_per_s"] * 1000, 1),
+                _fmt(m.get("cpu_ms_per_frame"), 2),
+                _fmt(m["peak_rss_bytes"] / 1e6, 0),
+                _fmt(lat.get("p50_ms"), 1),
+                _fmt(lat.get("p99_ms"), 1),
+                "latency: burst" if lat else "",
+            )
         console.print(table)
     rows = report.get("decode_ratios", [])
     if not rows:
         return
     ratio = Table(title="decode: ours / references (frames/s, medians; goals of ours-hook)")
-    heads = ("workload", "mode", "frames/s", "MB/s", *(f"/ {r}" for r in RATIO_ORDER),
-             "cpu-pool / pydicom-loop")  # fmt: skip
+    heads = (
+        "workload",
+        "mode",
+        "frames/s",
+        "MB/s",
+        *(f"/ {r}" for r in RATIO_ORDER),
+        "cpu-pool / pydicom-loop",
+    )
     for column in heads:
         ratio.add_column(column, justify="left" if column in ("workload", "mode") else "right")
     judged = bool(report.get("machine", {}).get("gpu"))  # the goals are the GPU machine's
     for r in rows:
         goals = DECODE_GOALS.get(r["workload"], {}) if r["mode"] == GOAL_MODE else {}
-        cells = [_with_goal(r.get(f"ours_over_{_key(name)}"), goals.get(name), judged)
-                 for name in RATIO_ORDER]  # fmt: skip
+        cells = [
+            _with_goal(r.get(f"ours_over_{_key(name)}"), goals.get(name), judged)
+            for name in RATIO_ORDER
+        ]
         ratio.add_row(
-            r["workload"], r["mode"], _fmt(r["frames_per_s"], 1), _fmt(r["decoded_mb_per_s"], 1),
-            *cells, _fmt(r["cpu_pool_over_pydicom_loop"], 3),
-        )  # fmt: skip
+            r["workload"],
+            r["mode"],
+            _fmt(r["frames_per_s"], 1),
+            _fmt(r["decoded_mb_per_s"], 1),
+            *cells,
+            _fmt(r["cpu_pool_over_pydicom_loop"], 3),
+        )
     console.print(ratio)
 
 

@@ -124,15 +124,20 @@ class NvImageCodecReader:
             held = self._decoder.decode(streams, params=self._params[colour], cuda_stream=0)
             for index, image in enumerate(held):
                 if image is None:
-                    raise RuntimeError(f"nvimgcodec on {workload.name}: frame {frames + index} "
-                                       "did not decode")  # fmt: skip
+                    raise RuntimeError(
+                        f"nvimgcodec on {workload.name}: frame {frames + index} did not decode"
+                    )
                 cai = image.__cuda_array_interface__
                 nbytes += math.prod(cai["shape"]) * np.dtype(cai["typestr"]).itemsize
             frames += len(held)
         cupy.cuda.Device(self.device_id).synchronize()
         del held
-        extra = {"batch": self.batch, "decode_calls": len(self._batches), "output": "device",
-                 "nvimgcodec": self._version}  # fmt: skip
+        extra = {
+            "batch": self.batch,
+            "decode_calls": len(self._batches),
+            "output": "device",
+            "nvimgcodec": self._version,
+        }
         return _check(self.name, workload, frames, nbytes) | extra
 
     def close(self) -> None:

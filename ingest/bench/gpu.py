@@ -121,15 +121,21 @@ class KvikioReader:
         t = self._target
         try:
             return RemoteFile.open_s3(
-                t.source_bucket, key, size,
-                aws_region_name=t.region, aws_access_key_id=t.access_key,
-                aws_secret_access_key=t.secret_key, aws_endpoint_url=t.endpoint_url,
-            )  # fmt: skip
+                t.source_bucket,
+                key,
+                size,
+                aws_region_name=t.region,
+                aws_access_key_id=t.access_key,
+                aws_secret_access_key=t.secret_key,
+                aws_endpoint_url=t.endpoint_url,
+            )
         except TypeError:  # an older KvikIO: credentials and endpoint only from the environment
             os.environ.update(
-                AWS_DEFAULT_REGION=t.region, AWS_ACCESS_KEY_ID=t.access_key,
-                AWS_SECRET_ACCESS_KEY=t.secret_key, AWS_ENDPOINT_URL=t.endpoint_url,
-            )  # fmt: skip
+                AWS_DEFAULT_REGION=t.region,
+                AWS_ACCESS_KEY_ID=t.access_key,
+                AWS_SECRET_ACCESS_KEY=t.secret_key,
+                AWS_ENDPOINT_URL=t.endpoint_url,
+            )
             return RemoteFile.open_s3(t.source_bucket, key, size)
 
     def run(self, workload: Workload) -> dict[str, Any]:

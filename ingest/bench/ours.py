@@ -58,9 +58,12 @@ from ingest.settings import Settings
 from ingest.worker import Outcome, Worker
 
 ALLOCATION_COUNTERS = (
-    "pinned_allocations", "pageable_allocations", "host_allocations",
-    "device_allocations", "pinned_staging_allocations",
-)  # fmt: skip
+    "pinned_allocations",
+    "pageable_allocations",
+    "host_allocations",
+    "device_allocations",
+    "pinned_staging_allocations",
+)
 TIMING_FIELDS = ("first_get_ms", "parse_ms", "device_ms", "process_object_ms")
 HOOK_SPEC = "ingest.bench.ours:bench_hook"
 HOOK_COUNTS = {"chunks": 0, "elements": 0}
@@ -198,12 +201,17 @@ class OursRunner:
         ring = ctx.ring.stats()
         return {
             "device": dict(ctx.device.thread.stats()),
-            "ring": {"slots": ring.slots, "slot_size": ring.slot_size, "waits": ring.waits,
-                     "acquired": ring.acquired, "small_acquired": ring.small_acquired,
-                     "pinned": ring.pinned},
+            "ring": {
+                "slots": ring.slots,
+                "slot_size": ring.slot_size,
+                "waits": ring.waits,
+                "acquired": ring.acquired,
+                "small_acquired": ring.small_acquired,
+                "pinned": ring.pinned,
+            },
             "batches": ctx.device.batches,
             "jobs": ctx.device.jobs,
-        }  # fmt: skip
+        }
 
     def _wrap_device_stage(self) -> None:
         ctx = self.worker._ctx

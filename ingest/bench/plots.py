@@ -23,8 +23,12 @@ def plots(report: dict[str, Any], out: Path) -> list[str]:
         if not points:
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([p["value"] for p in points], [p["gb_per_s"] for p in points], marker="o",
-                label=f"{sweeps.get('mode', 'ours')} (large object)")  # fmt: skip
+        ax.plot(
+            [p["value"] for p in points],
+            [p["gb_per_s"] for p in points],
+            marker="o",
+            label=f"{sweeps.get('mode', 'ours')} (large object)",
+        )
         ceiling = max(
             (v for c in CEILINGS if (v := median_of(report, "large", c, "gb_per_s")) is not None),
             default=None,

@@ -124,9 +124,15 @@ def output_of(
     base = f"{PREFIX}{target.source_bucket}/{key}"
     ref = ObjectRef(target.source_bucket, key, size, None, None, None, "ObjectCreated:Put", None)
     done = Processed(
-        ref, ObjectHead(size, etag, None), header, Digests(), "cpu", base + ".npy",
-        base + ".json", Timings(0.001234, 0.001234, 0.012345, 0.023456),
-    )  # fmt: skip
+        ref,
+        ObjectHead(size, etag, None),
+        header,
+        Digests(),
+        "cpu",
+        base + ".npy",
+        base + ".json",
+        Timings(0.001234, 0.001234, 0.012345, 0.023456),
+    )
     document = sidecar(done, settings.window, dtype)
     body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
     multipart = total > 2 * part
@@ -238,9 +244,11 @@ class PutRawReader:
                 sent.append((number, future))
             parts = [{"PartNumber": n, "ETag": f.result()} for n, f in sent]
             self._client.complete_multipart_upload(
-                Bucket=bucket, Key=out.npy_key, UploadId=upload_id,
+                Bucket=bucket,
+                Key=out.npy_key,
+                UploadId=upload_id,
                 MultipartUpload={"Parts": parts},
-            )  # fmt: skip
+            )
         except BaseException:
             concurrent.futures.wait([f for _, f in sent])
             self._client.abort_multipart_upload(Bucket=bucket, Key=out.npy_key, UploadId=upload_id)

@@ -99,11 +99,22 @@ class CurlReader:
 
     def _one(self, job: RangeJob) -> None:
         argv = [
-            "curl", "-s", "-S", "-f", "-r", f"{job.start}-{job.start + job.length - 1}",
-            "-o", os.devnull, "-w", "%{size_download}",
-            "--aws-sigv4", f"aws:amz:{self._target.region}:s3", "-K", "-",
+            "curl",
+            "-s",
+            "-S",
+            "-f",
+            "-r",
+            f"{job.start}-{job.start + job.length - 1}",
+            "-o",
+            os.devnull,
+            "-w",
+            "%{size_download}",
+            "--aws-sigv4",
+            f"aws:amz:{self._target.region}:s3",
+            "-K",
+            "-",
             self._target.url(job.key),
-        ]  # fmt: skip
+        ]
         done = subprocess.run(argv, input=self._config, capture_output=True, text=True, check=False)
         if done.returncode != 0 or int(float(done.stdout or 0)) != job.length:
             raise RuntimeError(

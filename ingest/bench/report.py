@@ -104,17 +104,24 @@ def scaling(report: dict[str, Any]) -> list[dict[str, Any]]:
             for n, entry in sorted(by_n.items()):
                 m = entry["median"]
                 over = _ratio(float(m["objects_per_s"]), base)
-                rows.append({
-                    "workload": workload, "mode": mode, "label": f"{mode}-p{n}",
-                    "processes": n, "gpus": entry.get("gpus"),
-                    "objects_per_s": m["objects_per_s"], "gb_per_s": m["gb_per_s"],
-                    "cpu_s_per_gb": m["cpu_s_per_gb"],
-                    "p99_ms": (entry.get("latency_paced") or entry["latency_burst"])["p99_ms"],
-                    "over_p1": over, "efficiency": over / n if over is not None else None,
-                    "over_plain": _ratio(
-                        float(m["gb_per_s"]), median_of(report, workload, "plain", "gb_per_s")
-                    ),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "workload": workload,
+                        "mode": mode,
+                        "label": f"{mode}-p{n}",
+                        "processes": n,
+                        "gpus": entry.get("gpus"),
+                        "objects_per_s": m["objects_per_s"],
+                        "gb_per_s": m["gb_per_s"],
+                        "cpu_s_per_gb": m["cpu_s_per_gb"],
+                        "p99_ms": (entry.get("latency_paced") or entry["latency_burst"])["p99_ms"],
+                        "over_p1": over,
+                        "efficiency": over / n if over is not None else None,
+                        "over_plain": _ratio(
+                            float(m["gb_per_s"]), median_of(report, workload, "plain", "gb_per_s")
+                        ),
+                    }
+                )
     return rows
 
 
@@ -132,8 +139,14 @@ def _target(
         status = f"n/a here ({scope} target)"
     else:
         status = "met" if ok else "missed"
-    return {"target": name, "scope": scope, "value": value, "unit": unit, "goal": goal,
-            "status": status}  # fmt: skip
+    return {
+        "target": name,
+        "scope": scope,
+        "value": value,
+        "unit": unit,
+        "goal": goal,
+        "status": status,
+    }
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -161,11 +174,23 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             v = large.get("ours_over_put_raw")
             add("large: ours / put-raw", "gpu", v, ">= 0.9", v is not None and v >= 0.9, "x")
             v = by.get("ct", {}).get("sink_on_over_off")
-            add("CT: ours / ours-hook objects/s", "gpu", v, ">= 0.8", v is not None and v >= 0.8,
-                "x")  # fmt: skip
+            add(
+                "CT: ours / ours-hook objects/s",
+                "gpu",
+                v,
+                ">= 0.8",
+                v is not None and v >= 0.8,
+                "x",
+            )
         v = large.get("ours_over_ceiling")
-        add(f"large: {mode} / fastest raw reader", "cpu", v, ">= 0.8", v is not None and v >= 0.8,
-            "x")  # fmt: skip
+        add(
+            f"large: {mode} / fastest raw reader",
+            "cpu",
+            v,
+            ">= 0.8",
+            v is not None and v >= 0.8,
+            "x",
+        )
         v = median_of(report, "ct", mode, "objects_per_s")
         add(f"CT: {mode} objects/s", "gpu", v, ">= 2000", v is not None and v >= 2000, "obj/s")
         v = ours_entry(report, "ct", mode).get("latency_paced", {}).get("p99_ms")
@@ -174,18 +199,22 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         v = _ratio(
             ours_entry(report, "large", mode).get("h2d", {}).get("gb_per_s"), ref.get("gb_per_s")
         )
-        add(f"large: {mode} H2D / pinned copy", "gpu", v, ">= 0.9", v is not None and v >= 0.9,
-            "x")  # fmt: skip
+        add(f"large: {mode} H2D / pinned copy", "gpu", v, ">= 0.9", v is not None and v >= 0.9, "x")
         v = median_of(report, "large", mode, "cpu_s_per_gb")
-        add(f"large: {mode} CPU core-s per GB", "any", v, "<= 0.5", v is not None and v <= 0.5,
-            "s/GB")  # fmt: skip
+        add(
+            f"large: {mode} CPU core-s per GB",
+            "any",
+            v,
+            "<= 0.5",
+            v is not None and v <= 0.5,
+            "s/GB",
+        )
         o = ours_entry(report, "large", mode)
         over = None
         if o:
             over = (float(o["median"]["peak_rss_bytes"]) - float(o["ring_bytes"])) / 1e6
         ok = over is not None and over <= 300
-        add(f"large: {mode} peak RSS - ring (the bench's process)", "any", over, "<= 300", ok,
-            "MB")  # fmt: skip
+        add(f"large: {mode} peak RSS - ring (the bench's process)", "any", over, "<= 300", ok, "MB")
         allocs = [
             sum(ours_entry(report, w, mode).get("steady_state_allocations", {}).values())
             for w in report["results"]
@@ -210,8 +239,14 @@ def _worker_rss_targets(report: dict[str, Any], add: Any) -> None:
             continue
         peak = float(entry["median"]["child_peak_rss_bytes"])
         over = (peak - float(entry["ring_bytes_per_process"])) / 1e6
-        add(f"large: {label} peak RSS - ring (a worker process)", "any", over, "<= 300",
-            over <= 300, "MB")  # fmt: skip
+        add(
+            f"large: {label} peak RSS - ring (a worker process)",
+            "any",
+            over,
+            "<= 300",
+            over <= 300,
+            "MB",
+        )
 
 
 def _scaled_targets(report: dict[str, Any], add: Any) -> None:
@@ -219,18 +254,31 @@ def _scaled_targets(report: dict[str, Any], add: Any) -> None:
     corpus with one worker process (sink on) over the plain sequential worker (a CPU
     machine's target)."""
     corpus = [
-        r for r in report.get("scaling", [])
+        r
+        for r in report.get("scaling", [])
         if r["workload"] == CORPUS and r["label"] == "ours-p1" and r["over_plain"] is not None
-    ]  # fmt: skip
+    ]
     for r in corpus:
         v = float(r["over_plain"])
         add("corpus: ours-p1 / plain", "cpu", v, ">= 3", v >= 3, "x")
     rows = [r for r in report.get("scaling", []) if r["workload"] == "ct"]
     if not rows:
-        add("CT objects/s, N processes (run with --processes)", "gpu", None, ">= 2000", False,
-            "obj/s")  # fmt: skip
-        add("2 GPUs / 1 GPU (run with --processes 1,2 --gpus 0,1)", "gpu", None, ">= 1.8",
-            False, "x")  # fmt: skip
+        add(
+            "CT objects/s, N processes (run with --processes)",
+            "gpu",
+            None,
+            ">= 2000",
+            False,
+            "obj/s",
+        )
+        add(
+            "2 GPUs / 1 GPU (run with --processes 1,2 --gpus 0,1)",
+            "gpu",
+            None,
+            ">= 1.8",
+            False,
+            "x",
+        )
         return
     best = max(rows, key=lambda r: float(r["objects_per_s"]))
     v = float(best["objects_per_s"])
@@ -271,8 +319,16 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
         info = report["workloads"][workload]
         title = f"{workload}: {info['objects']} objects, {info['bytes'] / 1e9:.3f} GB (medians)"
         table = Table(title=title)
-        for column in ("reader", "GB/s", "obj/s", "CPU s/GB", "peak RSS MB", "p50 ms", "p99 ms",
-                       "note"):  # fmt: skip
+        for column in (
+            "reader",
+            "GB/s",
+            "obj/s",
+            "CPU s/GB",
+            "peak RSS MB",
+            "p50 ms",
+            "p99 ms",
+            "note",
+        ):
             left = column in ("reader", "note")
             table.add_column(column, justify="left" if left else "right", no_wrap=column != "note")
         for name, entry in readers.items():
@@ -283,38 +339,74 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
             m = entry["median"]
             lat = entry.get("latency_paced") or entry.get("latency_burst") or {}
             table.add_row(
-                name, _fmt(m["gb_per_s"], 3), _fmt(m["objects_per_s"], 1),
-                _fmt(m["cpu_s_per_gb"]), _fmt(m["peak_rss_bytes"] / 1e6, 0),
-                _fmt(lat.get("p50_ms"), 1), _fmt(lat.get("p99_ms"), 1),
-                "latency: paced" if "latency_paced" in entry else
-                ("latency: burst" if lat else ""),
-            )  # fmt: skip
+                name,
+                _fmt(m["gb_per_s"], 3),
+                _fmt(m["objects_per_s"], 1),
+                _fmt(m["cpu_s_per_gb"]),
+                _fmt(m["peak_rss_bytes"] / 1e6, 0),
+                _fmt(lat.get("p50_ms"), 1),
+                _fmt(lat.get("p99_ms"), 1),
+                "latency: paced" if "latency_paced" in entry else ("latency: burst" if lat else ""),
+            )
         console.print(table)
     print_decode_tables(console, report)
     ratio = Table(title="ours / reference (GB/s, medians)")
-    for column in ("workload", "mode", "GB/s", "fastest ceiling", "/ ceiling", "/ naive",
-                   "/ kvikio-raw", "/ kvikio", "/ put-raw", "sink on/off"):  # fmt: skip
+    for column in (
+        "workload",
+        "mode",
+        "GB/s",
+        "fastest ceiling",
+        "/ ceiling",
+        "/ naive",
+        "/ kvikio-raw",
+        "/ kvikio",
+        "/ put-raw",
+        "sink on/off",
+    ):
         ratio.add_column(column, justify="left" if column in ("workload", "mode") else "right")
     for r in report["ratios"]:
         ratio.add_row(
-            r["workload"], r["mode"], _fmt(r["ours_gb_per_s"], 3), _fmt(r["fastest_ceiling"]),
-            _fmt(r["ours_over_ceiling"]), _fmt(r["ours_over_naive"]),
-            _fmt(r["ours_over_kvikio_raw"]), _fmt(r["ours_over_kvikio"]),
-            _fmt(r.get("ours_over_put_raw")), _fmt(r.get("sink_on_over_off")),
-        )  # fmt: skip
+            r["workload"],
+            r["mode"],
+            _fmt(r["ours_gb_per_s"], 3),
+            _fmt(r["fastest_ceiling"]),
+            _fmt(r["ours_over_ceiling"]),
+            _fmt(r["ours_over_naive"]),
+            _fmt(r["ours_over_kvikio_raw"]),
+            _fmt(r["ours_over_kvikio"]),
+            _fmt(r.get("ours_over_put_raw")),
+            _fmt(r.get("sink_on_over_off")),
+        )
     if report["ratios"]:
         console.print(ratio)
     if report.get("scaling"):
         scale = Table(title="scaled: N worker processes in one group (medians; measured outside)")
-        for column in ("workload", "run", "GPUs", "obj/s", "GB/s", "CPU s/GB", "p99 ms",
-                       "/ p1", "efficiency", "/ plain"):  # fmt: skip
+        for column in (
+            "workload",
+            "run",
+            "GPUs",
+            "obj/s",
+            "GB/s",
+            "CPU s/GB",
+            "p99 ms",
+            "/ p1",
+            "efficiency",
+            "/ plain",
+        ):
             scale.add_column(column, justify="left" if column in ("workload", "run") else "right")
         for r in report["scaling"]:
             scale.add_row(
-                r["workload"], r["label"], r["gpus"] or "-", _fmt(r["objects_per_s"], 1),
-                _fmt(r["gb_per_s"], 3), _fmt(r["cpu_s_per_gb"]), _fmt(r["p99_ms"], 1),
-                _fmt(r["over_p1"]), _fmt(r["efficiency"]), _fmt(r.get("over_plain")),
-            )  # fmt: skip
+                r["workload"],
+                r["label"],
+                r["gpus"] or "-",
+                _fmt(r["objects_per_s"], 1),
+                _fmt(r["gb_per_s"], 3),
+                _fmt(r["cpu_s_per_gb"]),
+                _fmt(r["p99_ms"], 1),
+                _fmt(r["over_p1"]),
+                _fmt(r["efficiency"]),
+                _fmt(r.get("over_plain")),
+            )
         console.print(scale)
     goals = Table(title="targets (issue 4)")
     for column in ("target", "measured", "goal", "status"):

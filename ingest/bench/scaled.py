@@ -65,9 +65,17 @@ from ingest.settings import PREFIX, Settings, load_settings
 PARTITIONS_PER_PROCESS = 4
 GROUP_TIMEOUT_S = 120.0
 SETTINGS_SHOWN = (
-    "part_size", "ring_slots", "fetch_concurrency", "max_objects_in_flight", "output_dtype",
-    "device", "sink", "hook", "source_topic", "group_id",
-)  # fmt: skip
+    "part_size",
+    "ring_slots",
+    "fetch_concurrency",
+    "max_objects_in_flight",
+    "output_dtype",
+    "device",
+    "sink",
+    "hook",
+    "source_topic",
+    "group_id",
+)
 STOP_GRACE_S = 60.0  # beyond the workers' drain deadline: the supervisor's own bound is 30 s
 
 
@@ -134,9 +142,11 @@ class ScaledRunner:
         # several producers on one partition Tansu's live fetch skips acknowledged records
         # (GapWatch); spread out, fewer workers write one partition at once.
         await anyio.to_thread.run_sync(
-            create_topics, s.kafka_bootstrap, [s.source_topic, s.results_topic, s.dlq_topic],
+            create_topics,
+            s.kafka_bootstrap,
+            [s.source_topic, s.results_topic, s.dlq_topic],
             self.partitions,
-        )  # fmt: skip
+        )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10
         )
@@ -257,8 +267,9 @@ class ScaledRunner:
         p = self._current
         document = json.loads(value)
         if topic == self.settings.dlq_topic:
-            p.errors.append(f"{document.get('key')}: {document.get('error_type')}: "
-                            f"{document.get('error')}")  # fmt: skip
+            p.errors.append(
+                f"{document.get('key')}: {document.get('error_type')}: {document.get('error')}"
+            )
             p.finished.set()
             return
         name = key.decode() if key else str(document.get("source", {}).get("key"))
@@ -319,9 +330,10 @@ class ScaledRunner:
     async def _reread(self, keys: set[str], timeout_s: float = 20.0) -> int:
         """How many of ``keys`` have a result record, reading the topic from its start."""
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            enable_auto_commit=False,
             fetch_max_wait_ms=10,
-        )  # fmt: skip
+        )
         await consumer.start()
         seen: set[str] = set()
         try:

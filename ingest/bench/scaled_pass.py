@@ -87,10 +87,15 @@ class ScaledPass:
                     (self.done[k] - t) * 1000.0
                 )
         return [
-            [round(w * window_s, 2), len(v), round(percentile(v, 50), 1),
-             round(percentile(v, 99), 1), round(max(v), 1)]
+            [
+                round(w * window_s, 2),
+                len(v),
+                round(percentile(v, 50), 1),
+                round(percentile(v, 99), 1),
+                round(max(v), 1),
+            ]
             for w, v in sorted(windows.items())
-        ]  # fmt: skip
+        ]
 
     def breakdown_ms(self) -> dict[str, float]:
         """Medians of the workers' own timings (from the result records), and of the rest."""

@@ -188,9 +188,14 @@ def _generated_series(name: str, count: int, folder: Path) -> list[Path]:
 
 
 def _series(
-    target: S3Target, client: Any, name: str, count: int, tmpdir: Path, corpus: Path | None,
+    target: S3Target,
+    client: Any,
+    name: str,
+    count: int,
+    tmpdir: Path,
+    corpus: Path | None,
     progress: Callable[[str], None],
-) -> Workload:  # fmt: skip
+) -> Workload:
     syntax = DECODE_WORKLOADS[name]
     if corpus is None:
         progress(f"encoding {count} CT slices for {name}")
@@ -217,15 +222,25 @@ def _series(
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         objects = tuple(pool.map(put, enumerate(paths)))
     return Workload(
-        name, objects, frames=count, frame_bytes=CT_SIZE * CT_SIZE * 2, files=tuple(paths),
-        syntax=syntax, info=(("source", source), ("pydicom_plugins", pydicom_plugins(syntax))),
-    )  # fmt: skip
+        name,
+        objects,
+        frames=count,
+        frame_bytes=CT_SIZE * CT_SIZE * 2,
+        files=tuple(paths),
+        syntax=syntax,
+        info=(("source", source), ("pydicom_plugins", pydicom_plugins(syntax))),
+    )
 
 
 def _volume(
-    target: S3Target, client: Any, name: str, count: int, tmpdir: Path, corpus: Path | None,
+    target: S3Target,
+    client: Any,
+    name: str,
+    count: int,
+    tmpdir: Path,
+    corpus: Path | None,
     progress: Callable[[str], None],
-) -> Workload:  # fmt: skip
+) -> Workload:
     """The series ``VOLUMES[name]`` as one Enhanced CT object of ``count`` frames: its
     slices' codestreams in turn (from the corpus, or ``CORPUS_SLICES`` encoded here)."""
     from ingest.bench.decode import _frames_of
@@ -239,8 +254,10 @@ def _volume(
     else:
         slices = corpus_files(corpus, series)
         if not slices:
-            raise ValueError(f"{name}: no {corpus / series}/*.dcm in the decode corpus; "
-                             f"write it with {WRITE_HINT}")  # fmt: skip
+            raise ValueError(
+                f"{name}: no {corpus / series}/*.dcm in the decode corpus; "
+                f"write it with {WRITE_HINT}"
+            )
         source = {"corpus": str(corpus / series), "distinct_slices": len(slices)}
     distinct = [b"".join(_frames_of(path)[1]) for path in slices]
     path = tmpdir / name / f"volume-{count}.dcm"
@@ -251,11 +268,18 @@ def _volume(
     key = f"bench/{name}/{path.name}"
     size = upload_file_multipart(client, target.source_bucket, key, path)
     return Workload(
-        name, (BenchObject(key, size),), frames=count, frame_bytes=CT_SIZE * CT_SIZE * 2,
-        files=(path,), syntax=syntax,
-        info=(("source", source), ("offset_table", table),
-              ("pydicom_plugins", pydicom_plugins(syntax))),
-    )  # fmt: skip
+        name,
+        (BenchObject(key, size),),
+        frames=count,
+        frame_bytes=CT_SIZE * CT_SIZE * 2,
+        files=(path,),
+        syntax=syntax,
+        info=(
+            ("source", source),
+            ("offset_table", table),
+            ("pydicom_plugins", pydicom_plugins(syntax)),
+        ),
+    )
 
 
 def prepare_decode_workloads(

@@ -122,10 +122,15 @@ def chunk_fragments(first_item: int, fmt: PixelFormat, part_size: int) -> list[P
             span = (count - 1) * pitch + frame
             chunks.append(
                 PixelChunk(
-                    ByteRange(start, end), k * per_frame, count * per_frame,
-                    ITEM_HEADER, span, pitch if count > 1 else 0, marks,
+                    ByteRange(start, end),
+                    k * per_frame,
+                    count * per_frame,
+                    ITEM_HEADER,
+                    span,
+                    pitch if count > 1 else 0,
+                    marks,
                 )
-            )  # fmt: skip
+            )
         return chunks
     if fmt.planar and fmt.samples > 1:
         raise LimitExceeded(

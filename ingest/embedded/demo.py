@@ -170,9 +170,12 @@ async def run_demo(device: str, multiframe_mb: int, series: int) -> int:
         outcomes: list[Outcome] = []
         total = len(expected) + 1  # + the malformed notification
         with Progress(
-            TextColumn("[bold]processing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("[bold]processing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
             console=console,
-        ) as progress:  # fmt: skip
+        ) as progress:
             bar = progress.add_task("objects", total=total)
             worker: Worker
 

@@ -102,9 +102,14 @@ class ServerProcess:
             with self.log.open("ab") as out:  # the child keeps its own copy of the descriptor
                 self._log_from = out.tell()
                 self._popen = subprocess.Popen(
-                    argv, cwd=self.directory, env=env, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                )  # fmt: skip
+                    argv,
+                    cwd=self.directory,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             _LIVE.add(self)
             try:
                 self._wait_ready()

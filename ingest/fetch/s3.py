@@ -58,9 +58,15 @@ from ingest.settings import Settings
 T = TypeVar("T")
 PRESIGN_EXPIRES_S = 12 * 3600  # a presigned URL outlives the slowest object read with it
 _TRANSIENT_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-    "InternalError", "ServiceUnavailable", "RequestLimitExceeded",
-}  # fmt: skip
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestLimitExceeded",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,9 +38,12 @@ def add_parsers(commands: Any) -> None:
     )
     replay.add_argument("--config", type=Path, help="TOML file with settings (env wins)")
     replay.add_argument(
-        "--reason", action="append", default=[], help="only this reason (repeatable), e.g. "
+        "--reason",
+        action="append",
+        default=[],
+        help="only this reason (repeatable), e.g. "
         "not_found, source_unavailable, unsupported_dicom, processing",
-    )  # fmt: skip
+    )
     replay.add_argument("--key-prefix", help="only objects whose key starts with this")
     replay.add_argument("--since", type=_time, help="dead-lettered at or after (ISO 8601, UTC)")
     replay.add_argument("--until", type=_time, help="dead-lettered before (ISO 8601, UTC)")
@@ -50,9 +53,11 @@ def add_parsers(commands: Any) -> None:
         "top", help="live view of a running worker's /metrics: throughput, latency, ring, lag"
     )
     top.add_argument(
-        "url", nargs="*", default=["http://127.0.0.1:8080/metrics"],
+        "url",
+        nargs="*",
+        default=["http://127.0.0.1:8080/metrics"],
         help="metrics URLs of one or more workers (default: http://127.0.0.1:8080/metrics)",
-    )  # fmt: skip
+    )
     top.add_argument("--interval", type=float, default=2.0, help="seconds between scrapes")
     top.add_argument("--once", action="store_true", help="two scrapes, one table, exit")
 

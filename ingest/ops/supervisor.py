@@ -280,8 +280,13 @@ class Supervisor:
             code, pid = await self._run_once(spec)
             ran_s = anyio.current_time() - started
             verdict = classify_exit(code, self.stopping)
-            fields = {"child": spec.index, "pid": pid, "worker": spec.worker_id,
-                      "ran_s": round(ran_s, 3), **describe_exit(code)}  # fmt: skip
+            fields = {
+                "child": spec.index,
+                "pid": pid,
+                "worker": spec.worker_id,
+                "ran_s": round(ran_s, 3),
+                **describe_exit(code),
+            }
             if verdict is Exit.STOPPED:
                 log.info("child stopped", **fields)
                 return
@@ -320,9 +325,15 @@ class Supervisor:
         async with process:  # on cancellation, aclose() kills it and waits
             self._running[spec.index] = process
             try:
-                log.info("child started", child=spec.index, pid=process.pid,
-                         worker=spec.worker_id, gpu=spec.gpu, health_port=spec.health_port,
-                         restarts=self.restarts[spec.index])  # fmt: skip
+                log.info(
+                    "child started",
+                    child=spec.index,
+                    pid=process.pid,
+                    worker=spec.worker_id,
+                    gpu=spec.gpu,
+                    health_port=spec.health_port,
+                    restarts=self.restarts[spec.index],
+                )
                 if self.stopping:  # the stop came while it was being spawned
                     _send(process, signal.SIGTERM)
                 code = await process.wait()

@@ -210,10 +210,18 @@ def _job(
             array = result.device if result.device is not None else result.host
             hook(
                 HookChunk(
-                    ref.bucket, ref.key, ref.etag, header.sop_instance_uid, shape, dtype,
-                    first_element, elements, result.backend, array,
+                    ref.bucket,
+                    ref.key,
+                    ref.etag,
+                    header.sop_instance_uid,
+                    shape,
+                    dtype,
+                    first_element,
+                    elements,
+                    result.backend,
+                    array,
                 )
-            )  # fmt: skip
+            )
 
     return ChunkJob(
         data=pixels,

@@ -179,8 +179,9 @@ def _cpu_rate(pool: ProcessPoolExecutor, processes: int, case: Case, seconds: fl
     each = (time.perf_counter() - started) / 8
     frames = round(seconds * processes / max(each, 1e-7))
     frames = max(processes * TASKS_PER_PROCESS, min(MAX_CPU_FRAMES, frames))
-    per = max(1, min(GROUP_BYTES // case.frame_bytes,
-                     math.ceil(frames / (TASKS_PER_PROCESS * processes))))  # fmt: skip
+    per = max(
+        1, min(GROUP_BYTES // case.frame_bytes, math.ceil(frames / (TASKS_PER_PROCESS * processes)))
+    )
     groups = [[case.frame] * min(per, frames - i) for i in range(0, frames, per)]
     warm = processes * 2  # each process's first frame of a syntax imports its plugin
     list(pool.map(decode_encapsulated, [case.codec] * warm, [[case.frame]] * warm))
@@ -229,8 +230,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     why = gpu_missing()
     gpu = GpuDecode(args.batch) if why is None else None
     context = multiprocessing.get_context("spawn")
-    print(f"GPU: {why or f'nvImageCodec, {args.batch} frames a call'}; CPU: "
-          f"{args.processes} processes; ~{args.seconds:g} s a case and side")  # fmt: skip
+    print(
+        f"GPU: {why or f'nvImageCodec, {args.batch} frames a call'}; CPU: "
+        f"{args.processes} processes; ~{args.seconds:g} s a case and side"
+    )
     head = f"{'case':10} {'size':>5} {'bytes':>7} {'GPU fr/s':>10} {'CPU fr/s':>10}"
     print(f"{head} {'GPU MB/s':>9} {'CPU MB/s':>9} {'GPU/CPU':>8}")
     rows: list[tuple[Case, float | None, float]] = []
@@ -264,8 +267,10 @@ def _print_row(case: Case, gpu: float | None, cpu: float) -> None:
 
     ratio = "-" if gpu is None else f"{gpu / cpu:.2f}"
     rate = "-" if gpu is None else f"{gpu:.0f}"
-    print(f"{case.name:10} {case.size:5} {len(case.frame):7} {rate:>10} {cpu:10.0f} "
-          f"{mb(gpu):>9} {mb(cpu):>9} {ratio:>8}")  # fmt: skip
+    print(
+        f"{case.name:10} {case.size:5} {len(case.frame):7} {rate:>10} {cpu:10.0f} "
+        f"{mb(gpu):>9} {mb(cpu):>9} {ratio:>8}"
+    )
 
 
 if __name__ == "__main__":

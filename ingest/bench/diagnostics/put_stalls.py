@@ -86,14 +86,18 @@ def main() -> None:
     seconds = sorted(s for s, _ in puts)
     print(f"weed flags added: {' '.join(sys.argv[1:]) or '(none)'}")
     p50, p99 = seconds[len(seconds) // 2], seconds[int(len(seconds) * 0.99)]
-    print(f"{len(puts)} PUTs of 1 MiB from {THREADS} threads: p50 {p50 * 1e3:.1f} ms, "
-          f"p99 {p99 * 1e3:.1f} ms, max {seconds[-1] * 1e3:.0f} ms")  # fmt: skip
+    print(
+        f"{len(puts)} PUTs of 1 MiB from {THREADS} threads: p50 {p50 * 1e3:.1f} ms, "
+        f"p99 {p99 * 1e3:.1f} ms, max {seconds[-1] * 1e3:.0f} ms"
+    )
     print("slowest:", ", ".join(f"{s * 1e3:.0f} ms at {clock(t)}" for s, t in sorted(puts)[-8:]))
     print("volumes becoming unwritable:", ", ".join(clock(t) for t in rolls) or "none")
     slow = [(s, t) for s, t in puts if s >= SLOW_S]
     near = [(s, t) for s, t in slow if any(-0.2 <= r - t <= 1.5 for r in rolls)]
-    print(f"PUTs >= {SLOW_S * 1e3:.0f} ms: {len(slow)}, of which {len(near)} "
-          "started from 1.5 s before to 0.2 s after a volume became unwritable")  # fmt: skip
+    print(
+        f"PUTs >= {SLOW_S * 1e3:.0f} ms: {len(slow)}, of which {len(near)} "
+        "started from 1.5 s before to 0.2 s after a volume became unwritable"
+    )
 
 
 if __name__ == "__main__":

@@ -35,10 +35,13 @@ SIZES = (64 << 10, 8 << 20)
 
 def client(endpoint: str, region: str, key: str, secret: str) -> Any:
     return botocore.session.get_session().create_client(
-        "s3", endpoint_url=endpoint, region_name=region,
-        aws_access_key_id=key, aws_secret_access_key=secret,
+        "s3",
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
         config=botocore.config.Config(signature_version="s3v4", s3={"addressing_style": "path"}),
-    )  # fmt: skip
+    )
 
 
 def upload(s3: Any) -> str:

@@ -142,9 +142,13 @@ async def one_run(
         with log.open("wb") as out:
             spawned = time.time()
             process = await anyio.open_process(
-                worker_command(), env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                worker_command(),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         async with process:
             try:
                 await producer.send_and_wait(topic, notification(SOURCE_BUCKET, key))
@@ -240,9 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         logs.mkdir(parents=True, exist_ok=True)
         figures = anyio.run(measure, s, args, logs, backend="asyncio")
     if args.json:
-        report: dict[str, Any] = {"command": sys.argv, "settings": args.set,
-                                  "same_group": args.same_group,
-                                  "runs": [asdict(f) for f in figures]}  # fmt: skip
+        report: dict[str, Any] = {
+            "command": sys.argv,
+            "settings": args.set,
+            "same_group": args.same_group,
+            "runs": [asdict(f) for f in figures],
+        }
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 
