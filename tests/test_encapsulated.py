@@ -26,8 +26,7 @@ from pydicom import dcmread
 from pydicom.data import get_testdata_file
 from pydicom.encaps import encapsulate, encapsulate_extended, generate_frames
 
-from ingest.dicom.encapsulated import value_ranges
-from ingest.dicom.splitter import ITEM_HEADER, FrameSplitter
+from ingest.dicom.encapsulated import ITEM_HEADER, FrameSplitter, value_ranges
 from ingest.errors import LimitExceeded, MalformedDicom
 from ingest.fetch.planning import ByteRange
 

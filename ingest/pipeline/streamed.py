@@ -29,9 +29,8 @@ from gpu.decode import DeviceDecodeError, Parsed, parse_each
 from gpu.thread import ChunkResult
 from ingest.dicom.codec_read import syntax_name
 from ingest.dicom.device_codecs import device_colour, device_format
-from ingest.dicom.encapsulated import value_ranges
+from ingest.dicom.encapsulated import FrameSplitter, value_ranges
 from ingest.dicom.header import DicomHeader
-from ingest.dicom.splitter import FrameSplitter
 from ingest.errors import IngestError, LimitExceeded, MalformedDicom
 from ingest.fetch.digest import SourceDigest
 from ingest.fetch.planning import ByteRange
