@@ -57,9 +57,7 @@ from ingest.bench.config import (
 from ingest.bench.decode import add_decode_rates, decode_ratios
 from ingest.bench.decode import pass_limit_s as decode_pass_limit_s
 from ingest.bench.measure import MiB, load_watch, machine_info
-from ingest.bench.method import method
 from ingest.bench.ours import HOOK_SPEC, OursRunner
-from ingest.bench.plots import plots
 from ingest.bench.reader_runs import (
     failed_run,
     make_reader,
@@ -68,7 +66,9 @@ from ingest.bench.reader_runs import (
     skipped,
 )
 from ingest.bench.report import (
+    method,
     notes,
+    plots,
     print_tables,
     ratios,
     scaling,

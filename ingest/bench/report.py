@@ -1,4 +1,4 @@
-"""The benchmark's outputs: ratios against its targets, the printed tables, JSON.
+"""The benchmark's outputs: ratios against its targets, the printed tables, JSON, PNG plots.
 
 Ratios compare medians of the measured repeats on both sides (the JSON also
 keeps every run and the best). A target is judged only on the kind of machine
@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ingest.bench.decode import METHOD as DECODE_METHOD
 from ingest.bench.decode import decode_targets, print_decode_tables
 from ingest.bench.measure import GB
 from ingest.bench.workloads import CORPUS, DECODE_WORKLOADS
@@ -457,5 +458,115 @@ def notes(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str, str]:
+    """How every figure was taken (written into the JSON)."""
+    return {
+        "repeats": f"{repeats} measured runs per reader and workload",
+        "warmup": "readers: one full run first, discarded; ours: one full pass first, discarded "
+        "(sweep points: one CT slice)",
+        "ours_modes": "ours: DICOM_INGEST_SINK=s3; ours-hook: DICOM_INGEST_SINK=none and "
+        f"DICOM_INGEST_HOOK={hook} (a no-op hook on the device thread)",
+        "statistic": "ratios use the median of the measured runs on both sides; "
+        "'best' is the run with the highest GB/s",
+        "throughput": "source object bytes / seconds; ours: from the first notification "
+        "published to the last outcome reported",
+        "latency": "ours: Outcome callback time (after output, sidecar, acknowledged result "
+        "event and audit record) minus the time just before the notification was handed "
+        "to the producer; 'burst' publishes everything at once (includes queueing), "
+        "'paced' publishes at --paced-rate, by default half the median burst rate",
+        "cpu": "process_time of this process (all threads, including the bench's own "
+        "publisher) + RUSAGE_CHILDREN (curl) + live child processes other than the servers "
+        "(decoding pools, /proc/PID/stat); server CPU apart as server_cpu_s",
+        "rss": "VmHWM reset via /proc/self/clear_refs before each run; ours is compared "
+        "with ring size = RING_SLOTS x PART_SIZE",
+        "contention": "other_cpu_s = machine busy CPU (/proc/stat) during the run minus ours, "
+        "our children's and the servers'; other_cpu_share = that / (seconds x cores)",
+        "ceiling": f"{concurrency} parallel {part_mb} MiB ranges (KvikIO: {part_mb} MiB tasks); "
+        "ours reads at its own part_size setting (in settings.part_size)",
+        "put_raw": "the outputs' ceiling: the .npy and sidecar bytes ours writes for each "
+        "object, PUT by plain threads through the sink's transport (threaded_http.put_from, "
+        "presigned): multipart at the sink's part size and sink_parts_in_flight where the "
+        "sink uses parts, else one PUT, on 2 x fetch_concurrency threads; its GB/s is of "
+        "source bytes, as ours'",
+        "scaled": "ours-hook-pN / ours-pN: `dicom-ingest worker --processes N` (the supervisor "
+        "and N child workers in one group) on a fresh topic of 4 x N partitions, notifications "
+        "round robin; latency = arrival of the result record at the bench's consumer "
+        "(fetch_max_wait_ms=10) minus the publish time; throughput = objects / (last result "
+        "- first publish); CPU = utime+stime of the supervisor's process tree (/proc/PID/stat), "
+        "the bench's own apart; peak RSS = VmHWM per child (reset via clear_refs), the largest "
+        "in peak_rss_bytes; warm-up, repeats and paced pass as ours",
+        "plain": "the plain sequential worker (reader plain, named with --readers): one "
+        "object at a time on one connection, whole GET into memory, pydicom, the Modality "
+        "LUT in NumPy, float32, numpy.save, one PUT; objects pydicom cannot read are listed "
+        "in failed and passed over",
+        "decode": DECODE_METHOD,
+    }
+
+
 def write_json(path: Path, report: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def plots(report: dict[str, Any], out: Path) -> list[str]:
+    """The PNG plots: throughput against part size and concurrency (the sweeps), and the
+    latency CDF of every run of ours. Returns the files written, or raises ImportError
+    without matplotlib (it comes with the ``bench`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[str] = []
+    sweeps = report.get("sweeps", {})
+    for name, label in (("part_size", "part size (MiB)"), ("concurrency", "fetch concurrency")):
+        points = [p for p in sweeps.get(name, []) if p.get("gb_per_s")]
+        if not points:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(
+            [p["value"] for p in points],
+            [p["gb_per_s"] for p in points],
+            marker="o",
+            label=f"{sweeps.get('mode', 'ours')} (large object)",
+        )
+        ceiling = max(
+            (v for c in CEILINGS if (v := median_of(report, "large", c, "gb_per_s")) is not None),
+            default=None,
+        )
+        if ceiling:
+            ax.axhline(ceiling, linestyle="--", color="grey", label="fastest raw reader")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(label)
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"throughput vs {label}")
+        ax.legend()
+        path = out / f"throughput_{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(str(path))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
+    for workload, readers in report["results"].items():
+        for mode in [*MODES, *(label for label in readers if SCALED.match(label))]:
+            ours = ours_entry(report, workload, mode)
+            for kind in ("latency_burst", "latency_paced"):
+                values = ours.get(kind, {}).get("all_ms", [])
+                if len(values) < 2:
+                    continue
+                ys = [(i + 1) / len(values) for i in range(len(values))]
+                label = f"{mode} {workload} ({kind.split('_')[1]})"
+                ax.step(values, ys, where="post", label=label)
+                drawn = True
+    if drawn:
+        ax.set_xscale("log")
+        ax.set_xlabel("notification -> result (ms)")
+        ax.set_ylabel("fraction of objects")
+        ax.set_title("ours: latency CDF")
+        ax.legend(fontsize="x-small")
+        path = out / "latency_cdf.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        written.append(str(path))
+    plt.close(fig)
+    return written
