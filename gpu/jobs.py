@@ -21,7 +21,8 @@ from gpu.decode import DeviceDecodeError, EncodedFrames
 from gpu.formats import PixelFormat, Transform, pitched_frames
 from gpu.preprocess import preprocess_numpy
 
-ARENA_ALIGN = 512  # offsets of chunks inside the device arenas (CuPy's allocation granularity)
+# Offsets of chunks inside the device arenas: CuPy's allocation granularity.
+ARENA_ALIGN = 512
 
 
 def arena_nbytes(nbytes: int) -> int:

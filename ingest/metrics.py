@@ -81,7 +81,8 @@ DEAD_LETTERS = Counter(
 RANGES_IN_FLIGHT = Gauge("dicom_ingest_ranges_in_flight", "S3 GETs under way in the GET threads")
 PUTS_IN_FLIGHT = Gauge("dicom_ingest_puts_in_flight", "S3 PUTs (output parts) under way")
 
-for _stage in STAGES:  # every stage's series exists from the start (rate() needs two points)
+# Every stage's series exists from the start: rate() needs two points.
+for _stage in STAGES:
     STAGE_SECONDS.labels(_stage)
 
 

@@ -79,7 +79,7 @@ def audit_message(
         ident["EventOutcomeDescription"] = f"{record['reason']}: {record.get('error') or ''}"
     worker = {
         "UserID": me.worker,
-        "AlternativeUserID": str(me.pid),  # the process
+        "AlternativeUserID": str(me.pid),
         "UserIsRequestor": True,
         "NetworkAccessPointID": me.host,
         "NetworkAccessPointTypeCode": "1",  # machine name

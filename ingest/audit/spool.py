@@ -42,7 +42,8 @@ class Spool:
             if match:
                 self._files.append((int(match.group(1)), entry.stat().st_size))
             elif entry.name.endswith(".tmp"):
-                entry.unlink()  # a write a crash cut short: its record was never acknowledged
+                # A write a crash cut short: its record was never acknowledged.
+                entry.unlink()
         self._next = self._files[-1][0] + 1 if self._files else 0
         self._bytes = sum(size for _, size in self._files)
         self._room = anyio.Event()  # set by drop_oldest: an append that waits may fit now

@@ -129,7 +129,8 @@ class KvikioReader:
                 aws_secret_access_key=t.secret_key,
                 aws_endpoint_url=t.endpoint_url,
             )
-        except TypeError:  # an older KvikIO: credentials and endpoint only from the environment
+        except TypeError:
+            # An older KvikIO: credentials and endpoint only from the environment.
             os.environ.update(
                 AWS_DEFAULT_REGION=t.region,
                 AWS_ACCESS_KEY_ID=t.access_key,

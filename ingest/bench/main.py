@@ -297,7 +297,8 @@ async def run_bench(
                 report["sweeps"] = await _sweeps(
                     config, target, bootstrap, token, workloads["large"], warm, pids, steps
                 )
-            chunks = {  # the large object's chunk size in each mode (the sink's are smaller)
+            # The large object's chunk size in each mode (the sink's are smaller).
+            chunks = {
                 mode: device_plan(
                     worker_settings(config, target, bootstrap, token, "h2d", mode), "cuda"
                 ).chunk_bytes

@@ -227,7 +227,7 @@ class Meter:
 
 
 # ---------------------------------------------------------------------------------------
-# A process tree (bench_scaled: the supervisor and its workers)
+# A process tree (scaled.py: the supervisor and its workers)
 
 
 def _stat_fields(pid: int) -> list[str]:

@@ -102,7 +102,8 @@ class _Pass:
     done: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     timings: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    started: dict[str, float] = field(default_factory=dict)  # perf_counter, the worker's read began
+    # perf_counter() as the worker's read of each object began
+    started: dict[str, float] = field(default_factory=dict)
     finished: anyio.Event = field(default_factory=anyio.Event)
 
     def latencies_ms(self) -> list[float]:

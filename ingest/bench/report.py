@@ -23,7 +23,7 @@ from ingest.bench.workloads import CORPUS, DECODE_WORKLOADS
 CEILINGS = ("curl", "threads", "kvikio-raw")
 BUSY_SHARE = 0.15  # other processes' share of all cores above which a run is called disturbed
 MODES = ("ours", "ours-hook")
-SCALED = re.compile(r"^(?P<mode>ours|ours-hook)-p(?P<processes>\d+)$")  # bench_scaled labels
+SCALED = re.compile(r"^(?P<mode>ours|ours-hook)-p(?P<processes>\d+)$")  # scaled.py's labels
 SCALE_EFFICIENCY = 0.9  # scale-out goal: pN >= 0.9 x N x p1 (1.8x for two workers on two GPUs)
 
 

@@ -76,7 +76,8 @@ SETTINGS_SHOWN = (
     "source_topic",
     "group_id",
 )
-STOP_GRACE_S = 60.0  # beyond the workers' drain deadline: the supervisor's own bound is 30 s
+# Beyond the workers' drain deadline: the supervisor's own bound is 30 s.
+STOP_GRACE_S = 60.0
 
 
 def scaled_label(mode: str, processes: int) -> str:

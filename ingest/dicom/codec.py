@@ -265,7 +265,8 @@ def _as_array(
             raise
         except Exception as exc:  # the plugins raise anything on bad input
             failure = exc
-        except BaseException as exc:  # pyo3's PanicException (pylibjpeg-rle) is not an Exception
+        except BaseException as exc:
+            # pyo3's PanicException (pylibjpeg-rle) is not an Exception.
             if type(exc).__name__ != "PanicException":
                 raise
             failure = exc

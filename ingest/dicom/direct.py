@@ -161,7 +161,7 @@ def _read(data: bytes, object_size: int, max_pixel_bytes: int) -> DicomHeader:
         data, pos, implicit, complete, pixel, object_size, max_pixel_bytes, encapsulated
     )
     rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] = ((1.0,), (0.0,), False)
-    if "RescaleSlope" in values and "RescaleIntercept" in values:  # as dicom_rescale decides
+    if "RescaleSlope" in values and "RescaleIntercept" in values:  # as ``rescale`` decides
         slope, intercept = slope_intercept(values)
         rescaled = (slope,), (intercept,), True
     return header_of(values, syntax, pixel, photometric, place, rescaled)

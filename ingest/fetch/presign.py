@@ -97,7 +97,8 @@ class UrlSigner:
             or self._credentials is None
             or not isinstance(bucket, str)
             or not isinstance(key, str)
-            or not key  # the client refuses an empty key; signed here, it would name the bucket
+            # The client refuses an empty key; signed here, it would name the bucket.
+            or not key
             or any(name not in spec[1] for name in extra)
         ):
             return await self._by_client(operation, params)

@@ -117,7 +117,7 @@ def translate_s3_error(exc: BaseException, what: str) -> IngestError:
         return _from_status(status, code, what)
     if isinstance(exc, HttpStatusError):
         return _from_status(exc.status, exc.code, what)
-    if isinstance(exc, BodyCut | aiohttp.ClientPayloadError):  # the body ended before its length
+    if isinstance(exc, BodyCut | aiohttp.ClientPayloadError):
         return TruncatedBody(f"{what}: body cut short: {exc}")
     # anyio.fail_after and socket timeouts raise TimeoutError: retried like a reset.
     if isinstance(exc, BotoCoreError | aiohttp.ClientError | asyncio.TimeoutError | OSError):
