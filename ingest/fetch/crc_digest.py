@@ -13,7 +13,7 @@ Each range is checksummed as soon as it is read, in whatever order ranges
 arrive, and the parts are combined at the end. awscrt's CRC64NVME uses the
 carry-less multiply instructions (PCLMULQDQ/VPCLMULQDQ, PMULL on ARM), many
 times SHA-256's rate on one core, so the digest no longer holds a large object
-to one core's hash rate (docs/benchmarks.md, "Source digest"). It detects
+to one core's hash rate (docs/benchmarks.md, "The source digest"). It detects
 corruption, not tampering: ``sha256`` remains the setting for a cryptographic
 digest.
 """
