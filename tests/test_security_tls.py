@@ -114,10 +114,12 @@ class HttpsSeaweedFS(SeaweedFS):
 
 
 class AdvertisingTansu(Tansu):
-    """A Tansu that advertises another address (the TLS terminator in front of it)."""
+    """A Tansu that advertises another address (the TLS terminator in front of it), with no
+    broker proxy between: the terminator is the front door here."""
 
     def __init__(self, directory: Path, advertised: str) -> None:
-        super().__init__(directory, "memory://tansu/", {"NO_COLOR": "1", "PATH": "/usr/bin:/bin"})
+        env = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin"}
+        super().__init__(directory, "memory://tansu/", env, proxied=False)
         self.advertised = advertised
 
     def _command(self, new_ports: bool) -> tuple[list[str], dict[str, str]]:
