@@ -1,6 +1,6 @@
 """Chaos runs: the real ``dicom-ingest worker`` process, SIGKILLed at random points and
 restarted until every object is accounted for, then a consistency check of everything
-the run left behind (DESIGN.md 7: at-least-once with idempotent outputs).
+the run left behind (docs/reliability.md: at-least-once with idempotent outputs).
 
 Building blocks:
 

@@ -1,4 +1,4 @@
-"""The output contract (DESIGN.md 3.4) computed the plain way, with pydicom and NumPy.
+"""The output contract (docs/output.md) computed the plain way, with pydicom and NumPy.
 
 Deliberately independent of ``ingest``: it reads the whole object with
 ``dcmread``, takes pydicom 3's ``pixel_array`` with its default options (which

@@ -409,7 +409,7 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
                 _fmt(r.get("over_plain")),
             )
         console.print(scale)
-    goals = Table(title="targets (issue 4)")
+    goals = Table(title="targets")
     for column in ("target", "measured", "goal", "status"):
         goals.add_column(column, justify="right" if column == "measured" else "left")
     colour = {"met": "green", "missed": "red"}

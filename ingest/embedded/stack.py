@@ -1,7 +1,7 @@
 """Real Tansu (Kafka protocol) and SeaweedFS (S3) servers as loopback subprocesses.
 
 Used by ``dicom-ingest stack``/``demo``, the test fixtures and the chaos tests.
-Facts it relies on (DESIGN.md section 4, checked against Tansu 0.6 and SeaweedFS 4.48):
+Facts it relies on (checked against Tansu 0.6 and SeaweedFS 4.48):
 
 - Everything binds 127.0.0.1 only. ``weed mini`` needs each port p and p+10000
   (gRPC) free; it checks them up front and exits 1 ("... is not available").
@@ -119,12 +119,15 @@ def _s3_client(endpoint_url: str, creds: S3Credentials, timeout: float = 5.0) ->
     import botocore.session
 
     return botocore.session.get_session().create_client(
-        "s3", endpoint_url=endpoint_url, region_name=creds.region,
-        aws_access_key_id=creds.access_key, aws_secret_access_key=creds.secret_key,
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=creds.region,
+        aws_access_key_id=creds.access_key,
+        aws_secret_access_key=creds.secret_key,
         config=botocore.config.Config(
             connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1}
         ),
-    )  # fmt: skip
+    )
 
 
 VOLUME_FLAGS = ("-master.volumeSizeLimitMB=30720", "-volume.max=1000")
@@ -158,13 +161,26 @@ class SeaweedFS(ServerProcess):
         d = self.directory
         self.endpoint_url = f"http://127.0.0.1:{s3}"
         argv = [
-            weed_bin(), f"-logdir={d}", "mini", f"-dir={d}", "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false",
-            f"-admin.port={admin}", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-            f"-s3.port={s3}", f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock",
+            weed_bin(),
+            f"-logdir={d}",
+            "mini",
+            f"-dir={d}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",
+            "-admin.ui=false",
+            f"-admin.port={admin}",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            f"-filer.port={filer}",
+            f"-s3.port={s3}",
+            f"-filer.localSocket={d}/filer.sock",
+            f"-s3.localSocket={d}/s3.sock",
             *VOLUME_FLAGS,
-        ]  # fmt: skip
+        ]
         c = self.credentials
         env = dict(os.environ, AWS_ACCESS_KEY_ID=c.access_key, AWS_SECRET_ACCESS_KEY=c.secret_key)
         return argv, env
@@ -315,10 +331,12 @@ def start_tansu(
             raise ConfigError(f"storage {storage!r} needs a SeaweedFS (s3=...)")
         s3.create_bucket(storage.removeprefix("s3://").split("/", 1)[0])
         env |= {
-            "AWS_ENDPOINT": s3.endpoint_url, "AWS_ACCESS_KEY_ID": s3.credentials.access_key,
+            "AWS_ENDPOINT": s3.endpoint_url,
+            "AWS_ACCESS_KEY_ID": s3.credentials.access_key,
             "AWS_SECRET_ACCESS_KEY": s3.credentials.secret_key,
-            "AWS_DEFAULT_REGION": s3.credentials.region, "AWS_ALLOW_HTTP": "true",
-        }  # fmt: skip
+            "AWS_DEFAULT_REGION": s3.credentials.region,
+            "AWS_ALLOW_HTTP": "true",
+        }
     with _owned_dir(workdir, "tansu-") as logdir:
         broker = Tansu(logdir, storage, env, proxied)
         try:
@@ -378,10 +396,13 @@ class StackEndpoints:
         c = self.credentials
         return {
             "DICOM_INGEST_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
-            "DICOM_INGEST_S3_ENDPOINT_URL": self.s3_endpoint_url, **GROUP_TIMING,
-            "AWS_ACCESS_KEY_ID": c.access_key, "AWS_SECRET_ACCESS_KEY": c.secret_key,
-            "AWS_REGION": c.region, "AWS_DEFAULT_REGION": c.region,
-        }  # fmt: skip
+            "DICOM_INGEST_S3_ENDPOINT_URL": self.s3_endpoint_url,
+            **GROUP_TIMING,
+            "AWS_ACCESS_KEY_ID": c.access_key,
+            "AWS_SECRET_ACCESS_KEY": c.secret_key,
+            "AWS_REGION": c.region,
+            "AWS_DEFAULT_REGION": c.region,
+        }
 
 
 @dataclass(frozen=True, slots=True)
