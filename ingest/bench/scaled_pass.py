@@ -19,10 +19,11 @@ class GapWatch:
     """Seek back over offsets the broker let a live consumer skip.
 
     The offsets of a topic without transactions or compaction are contiguous, so
-    a record past the next expected offset means one was skipped: Tansu, with
+    a record past the next expected offset means one was skipped: Tansu alone, with
     several producers on one partition, lets a later batch be read before an
-    earlier one is visible (``python -m ingest.bench.diagnostics.broker_skip``; the
-    skipped records are in the topic when it is read again). ``check`` answers
+    earlier one is visible (``python -m ingest.bench.diagnostics.broker_skip raw``);
+    the embedded stack's broker proxy prevents it, and the watch stays for a broker
+    without one. ``check`` answers
     where to seek back to; a gap still there after ``patience`` seeks is
     accepted and counted in ``given_up``.
     """

@@ -2,15 +2,16 @@
 
 A diagnostic, not a test (pytest does not collect it)::
 
-    .venv/bin/python -m ingest.bench.diagnostics.broker_skip [PRODUCERS] [RECORDS] [RUNS]
+    .venv/bin/python -m ingest.bench.diagnostics.broker_skip [PRODUCERS] [RECORDS] [RUNS] [raw]
 
 Each run starts Tansu, has PRODUCERS processes (default 16) write RECORDS
 records each (default 200, ``acks=all``) to one partition at once, while one
 consumer reads the partition live; then a fresh consumer reads it from the
 start. It prints how many distinct records each saw, and the gaps in the
-offsets the live one got. Whether records are skipped depends on the machine
-and on how many producers write at once; ``ingest.bench.scaled_pass.GapWatch``
-seeks back over such gaps.
+offsets the live one got. With ``raw``, Tansu runs alone, without the stack's
+``ingest.embedded.broker_proxy`` (one produce in at a time), which is what lets
+the live consumer skip; whether it does on a given machine depends on how many
+producers write at once (docs/reliability.md has the figures of a worker run).
 """
 
 from __future__ import annotations
@@ -90,10 +91,11 @@ async def one_run(bootstrap: str, producers: int, records: int) -> str:
 
 
 def main() -> None:
-    given = [int(a) for a in sys.argv[1:4]]
+    raw = "raw" in sys.argv[1:]
+    given = [int(a) for a in sys.argv[1:4] if a != "raw"]
     producers, records, runs = given + [16, 200, 3][len(given) :]
     for run in range(runs):
-        with start_tansu() as broker:
+        with start_tansu(proxied=not raw) as broker:
             create_topics(broker.bootstrap, [TOPIC])
             print(f"run {run + 1}: {asyncio.run(one_run(broker.bootstrap, producers, records))}")
 
