@@ -1,6 +1,6 @@
 """Bad input through the real worker, against the real broker (Tansu) and S3 server (SeaweedFS).
 
-The corpus of ``tests/bad_inputs.py`` (bad objects on both read paths, bad
+The corpus of ``tests/bad_inputs/`` (bad objects on both read paths, bad
 notifications, events that announce nothing new, keys that do not exist) is
 uploaded and announced interleaved with good objects under awkward keys. One
 worker run must give every bad item one dead-letter record with the right

@@ -119,15 +119,18 @@ def test_tests_hold_only_tests_and_their_fixtures() -> None:
         p.stem
         for p in (ROOT / "tests").glob("*.py")
         if not p.name.startswith("test_") and p.name not in ("__init__.py", "conftest.py")
-    }
+    } | {p.parent.name for p in (ROOT / "tests").glob("*/__init__.py")}
 
     def tests_imported_by(path: Path) -> set[str]:
         return {i.split(".")[1] for i in imports(path) if i.startswith("tests.")}
 
+    def sources(name: str) -> list[Path]:
+        """A helper's modules: ``tests/name.py``, or every module of the package ``tests/name/``."""
+        package = ROOT / "tests" / name
+        return sorted(package.glob("*.py")) if package.is_dir() else [ROOT / "tests" / f"{name}.py"]
+
     roots = [p for p in (ROOT / "tests").glob("*.py") if p.name.startswith(("test_", "conftest"))]
     used = set().union(*(tests_imported_by(p) for p in roots))
-    while (
-        grown := set().union(*(tests_imported_by(ROOT / "tests" / f"{u}.py") for u in used)) - used
-    ):
+    while grown := set().union(*(tests_imported_by(s) for u in used for s in sources(u))) - used:
         used |= grown
     assert helpers - used == set()
