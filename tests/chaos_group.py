@@ -242,7 +242,7 @@ class Group:
         deadline = time.monotonic() + self.config.event_timeout_s
         while not (pids := self.children()):
             if time.monotonic() > deadline:
-                raise AssertionError(f"no child to kill:\n{self._tail()}")
+                raise AssertionError(f"no child to kill:\n{self.tail()}")
             await anyio.sleep(0.05)
         pid = rng.choice(pids)
         os.kill(pid, signal.SIGKILL)
@@ -280,7 +280,7 @@ class Group:
             raise AssertionError(f"extra worker exited {code}:\n{extra.log_tail()}")
         return f"{SCALE_IN}: {extra.worker_id}"
 
-    def _tail(self) -> str:
+    def tail(self) -> str:
         return self.supervisor.log_tail() if self.supervisor else "(no supervisor)"
 
     def kill_everything(self) -> None:
@@ -411,7 +411,7 @@ async def _finish(group: Group, progress: GroupProgress, config: GroupChaosConfi
         if time.monotonic() > deadline:
             raise AssertionError(
                 f"not finished: published {progress.published},"
-                f" committed {await progress.committed()}:\n{group._tail()}"
+                f" committed {await progress.committed()}:\n{group.tail()}"
             )
         await anyio.sleep(0.2)
 
