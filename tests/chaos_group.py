@@ -20,7 +20,6 @@ must have seen every record the read from the start found.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -443,33 +442,3 @@ async def _compare_live(
     report.unseen_results = sorted(results - set(live.results))
     report.unseen_dead_letters = sorted(dead - set(live.dead_letters))
     report.both_result_and_dead_letter = sorted(results & dead)
-
-
-def main() -> None:
-    """``python -m tests.chaos_group [RUNS] [DEVICE] [FIRST]``: the long run RUNS times (seeds
-    from FULL's + FIRST), each on a stack of its own, printing each report and the totals."""
-    import dataclasses
-    import sys
-    import tempfile
-
-    from ingest.embedded.stack import embedded_stack
-
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
-    first = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    lost = unseen = failed = 0
-    for run in range(runs):
-        config = dataclasses.replace(FULL, seed=FULL.seed + first + run, device=device)
-        with tempfile.TemporaryDirectory() as workdir, embedded_stack(durable_broker=True) as stack:
-            report = asyncio.run(run_group_chaos(stack, config, Path(workdir)))
-        c = report.consistency
-        lost += len(c.outputs_missing) + len(c.results_missing) + len(c.dlq_missing)
-        unseen += len(report.unseen_results) + len(report.unseen_dead_letters)
-        failed += bool(report.problems())
-        print(f"run {run + 1}/{runs} seed {config.seed}:\n{report.format()}", flush=True)
-        print("\n".join(report.event_log), flush=True)
-    print(f"TOTAL runs {runs}: with problems {failed}, lost {lost}, unseen {unseen}", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -8,7 +8,9 @@ version (``--processes 8``, 4,000 objects, 8 partitions) and prints its report.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,10 +56,12 @@ def _run(stack: Stack, config: GroupChaosConfig, workdir: Path) -> GroupChaosRep
     return report
 
 
+def _print(report: GroupChaosReport) -> None:
+    print("\n" + report.format() + "\n" + "\n".join(report.event_log), flush=True)
+
+
 def _check(report: GroupChaosReport, config: GroupChaosConfig) -> None:
-    text = report.format()
-    print("\n" + text + "\n" + "\n".join(report.event_log))
-    assert not report.problems(), text
+    assert not report.problems(), report.format()
     assert report.events[KILL_CHILD] == config.child_kills
     assert report.events[KILL_SUPERVISOR] == config.supervisor_kills
     assert report.events[RESTART_BROKER] == config.broker_restarts
@@ -69,14 +73,30 @@ def _check(report: GroupChaosReport, config: GroupChaosConfig) -> None:
 def test_group_chaos_short(durable_stack: Stack, tmp_path: Path) -> None:
     config = GroupChaosConfig(seed=3, ct_slices=120, multiframes=4, child_kills=4)
     report = _run(durable_stack, config, tmp_path)
+    _print(report)
     _check(report, config)
     assert report.consistency.objects >= 120
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_group_chaos_full(durable_stack: Stack, tmp_path: Path) -> None:
-    config = FULL
-    report = _run(durable_stack, config, tmp_path)
-    _check(report, config)
-    assert report.consistency.objects >= 4000
+@pytest.mark.timeout(3600 * 4)
+def test_group_chaos_full(tmp_path: Path) -> None:
+    """The long run, ``CHAOS_RUNS`` times (default 1), each on a stack of its own, with seeds
+    from FULL's + ``CHAOS_FIRST`` and workers on ``CHAOS_DEVICE`` (default cpu; ``auto`` on
+    a GPU machine). ``-s`` prints each report."""
+    runs = int(os.environ.get("CHAOS_RUNS", "1"))
+    first = int(os.environ.get("CHAOS_FIRST", "0"))
+    device = os.environ.get("CHAOS_DEVICE", "cpu")
+    reports = []
+    for run in range(runs):
+        config = dataclasses.replace(FULL, seed=FULL.seed + first + run, device=device)
+        with embedded_stack(durable_broker=True) as stack:
+            report = _run(stack, config, tmp_path / f"run-{run}")
+        print(f"\nrun {run + 1}/{runs} seed {config.seed}:", flush=True)
+        _print(report)
+        reports.append(report)
+    failed = [r for r in reports if r.problems()]
+    print(f"TOTAL runs {runs}: with problems {len(failed)}", flush=True)
+    for report in reports:
+        _check(report, FULL)
+        assert report.consistency.objects >= 4000
