@@ -14,7 +14,7 @@ The values are ready when the hook is called (the device thread has waited for
 the chunk's kernel), so any stream may read them. Each chunk's array is a new
 one from CuPy's memory pool, never reused while something refers to it: a hook
 may keep it, or ``torch.from_dlpack(chunk.array)``, which shares its memory
-without a copy (``tests/test_hook.py`` runs both on CUDA). What a hook keeps
+without a copy (``tests/system/test_device_hook.py`` runs both on CUDA). What a hook keeps
 stays in GPU memory until it lets go.
 
 The worker's own CUDA path does not use CuPy (``gpu/driver.py`` says why); a

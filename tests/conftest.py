@@ -106,3 +106,10 @@ def bucket(stack: Stack, fresh_names: FreshNames) -> str:
     name = fresh_names.bucket()
     stack.s3.create_bucket(name)
     return name
+
+
+@pytest.fixture
+def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker takes S3 credentials from the standard AWS variables, as botocore does."""
+    for name, value in stack.endpoints.environment().items():
+        monkeypatch.setenv(name, value)

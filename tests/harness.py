@@ -6,9 +6,11 @@ import base64
 import hashlib
 import io
 import json
+import resource
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus
 
@@ -18,6 +20,12 @@ from aiobotocore.session import get_session
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from awscrt import checksums
 
+from ingest.embedded.samples import (
+    example_bytes,
+    synthetic_ct_series,
+    synthetic_multiframe,
+    synthetic_rgb,
+)
 from ingest.embedded.stack import Stack, create_topics
 from ingest.fetch.ring import RingStats
 from ingest.settings import Settings, load_settings
@@ -245,3 +253,68 @@ def crc64nvme(data: bytes) -> str:
 
 async def read_topic_raw(stack: Stack, topic: str) -> list[bytes]:
     return await read_topic(stack.kafka.bootstrap, topic)
+
+
+RSS_HEADROOM = 200 * 1024 * 1024  # what a worker may hold beyond its ring on bad input
+
+
+def _status_kib(name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return int(line.split()[1])
+    raise LookupError(name)
+
+
+class PeakRss:
+    """Peak RSS growth of this process (the worker runs in it) over a block, in bytes.
+
+    Resets the kernel's high-water mark (``/proc/self/clear_refs``) when it may,
+    else compares ``ru_maxrss`` before and after (a lower bound then).
+    """
+
+    def __init__(self) -> None:
+        self.growth = 0
+        self._base = 0
+        self._reset = False
+
+    def __enter__(self) -> PeakRss:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self._reset = True
+            self._base = _status_kib("VmRSS") * 1024
+        except OSError:
+            self._base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._reset:
+            peak = _status_kib("VmHWM") * 1024
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.growth = max(0, peak - self._base)
+
+
+def corpus() -> dict[str, bytes]:
+    """Objects covering both read paths (one GET; header + chunked Pixel Data at 64 KiB parts)."""
+    objects = {
+        "pydicom/CT_small.dcm": example_bytes("CT_small.dcm"),
+        "pydicom/MR_small.dcm": example_bytes("MR_small.dcm"),
+        "pydicom/rtdose.dcm": example_bytes("rtdose.dcm"),  # multi-frame, 32-bit
+        "pydicom/SC_rgb_small_odd.dcm": example_bytes("SC_rgb_small_odd.dcm"),
+        "pydicom/examples_rgb_color.dcm": example_bytes("examples_rgb_color.dcm"),
+        "dir with space/multi+frame é.dcm": synthetic_multiframe(12, 128, 96),
+        "signed/mf.dcm": synthetic_multiframe(5, 64, 64, bits_allocated=16, signed=True),
+        "rgb/planar.dcm": synthetic_rgb(3, 64, 80, planar=True),
+        "rgb/interleaved.dcm": synthetic_rgb(2, 33, 17, planar=False),
+        # Encapsulated Uncompressed (a frame a fragment): ranged whole frames, a frame
+        # larger than a part (split inside its fragment), and one GET with odd frames
+        "slide/tiles.dcm": synthetic_rgb(12, 48, 40, encapsulated="basic"),
+        "slide/extended-table.dcm": synthetic_multiframe(9, 96, 80, encapsulated="extended"),
+        "slide/frames-over-a-part.dcm": synthetic_multiframe(3, 200, 180, encapsulated="none"),
+        "slide/odd-8-bit.dcm": synthetic_multiframe(
+            5, 15, 13, bits_allocated=8, encapsulated="basic"
+        ),
+    }
+    for key, data in synthetic_ct_series(3, rows=128, columns=128):
+        objects[f"ct/{key}"] = data
+    return objects

@@ -11,12 +11,15 @@ optional window, then the cast.
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 import warnings
 from io import BytesIO
+from pathlib import Path
 
 import numpy as np
 from pydicom import dcmread
+from pydicom.data import get_charset_files, get_palette_files, get_testdata_files
 from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames
 from pydicom.pixels.processing import apply_color_lut, apply_modality_lut
@@ -129,3 +132,29 @@ def psnr(got: np.ndarray, want: np.ndarray) -> float:
         return float("inf")
     peak = float(np.max(want)) - float(np.min(want)) or 1.0
     return float(10 * np.log10(peak * peak / error))
+
+
+def _files() -> tuple[list[Path], list[str]]:
+    """Every file with pixel data in pydicom's package and pydicom-data, and the unreadable."""
+    spec = importlib.util.find_spec("data_store")  # what pydicom-data installs
+    assert spec is not None, "pydicom-data is not installed"
+    assert spec.submodule_search_locations
+    store = Path(next(iter(spec.submodule_search_locations))) / "data"
+    paths = [*get_testdata_files(), *get_charset_files(), *get_palette_files()]
+    candidates = {p.resolve() for p in [*map(Path, paths), *store.iterdir()] if p.is_file()}
+    found, unreadable = [], []
+    for path in sorted(candidates):
+        # a scan for pixel data only: each file's warnings are checked in its own test
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                ds = dcmread(path, force=True, defer_size=1024)
+            except Exception:
+                unreadable.append(path.name)
+                continue
+        if any(kw in ds for kw in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
+            found.append(path)
+    return found, unreadable
+
+
+SAMPLES, UNREADABLE = _files()  # the files with pixel data of pydicom and pydicom-data

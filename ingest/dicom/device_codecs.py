@@ -2,7 +2,7 @@
 
 The device decodes a frame only where its result is the CPU path's
 (``ingest.dicom.codec``: pydicom's ``pixel_array``): exactly for the lossless
-syntaxes, within the lossy bound for the others (``tests/test_gpu_decode.py`` checks
+syntaxes, within the lossy bound for the others (``tests/gpu/test_decode.py`` checks
 both on the device). Checked with nvImageCodec 0.9 over pydicom's and this project's
 compressed samples:
 

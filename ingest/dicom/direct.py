@@ -19,7 +19,7 @@ attribute holds, an empty number); a wanted tag twice; functional groups or
 a Modality LUT Sequence; a Specific Character Set with a term pydicom does not
 know (it reads that one at once, and fails on some); a prefix that ends
 before the Pixel Data; or any check that fails. The tests read every sample,
-bad input and mutant both ways and compare (``tests/test_dicom_direct.py``; its slow
+bad input and mutant both ways and compare (``tests/ingest/dicom/test_direct.py``; its slow
 test counts how many of 3,000 mutants this reader takes).
 """
 

@@ -2,7 +2,7 @@
 
 ``python -m ingest.ops.config_doc --write`` rewrites the part of the file
 between the two ``settings`` markers; ``--check`` exits 1 when it is stale
-(``tests/test_config_doc.py`` runs the same comparison). Every cell comes from
+(``tests/ingest/ops/test_config_doc.py`` runs the same comparison). Every cell comes from
 a setting's one declaration (``ingest/settings/model.py``): its variable's
 name, its type (what its kind accepts), its default (``required`` for the
 settings the worker insists on), its bounds, and what it does; a table per

@@ -1,0 +1,113 @@
+"""Envelope keys from a real KMS API (moto's server): GenerateDataKey with the trail's
+encryption context, rotation, Decrypt of old data keys, refusals named without secrets."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import botocore.session
+import pytest
+import structlog
+
+from ingest.audit.digest import DigestSigner, load_signing_key
+from ingest.audit.keys import KmsKeys, context
+from ingest.audit.publish import AuditPublisher
+from ingest.audit.records import AuditTrail
+from ingest.audit.store import Stored, write_export
+from ingest.audit.verify import unwrap_all, verify_trail
+from ingest.errors import KeyRefused
+from tests.moto_kms import CREDENTIALS, MotoServer
+from tests.trails import DEAD, OK, MemoryPublisher, cli, settings_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def structlog_restored() -> Iterator[None]:
+    """``main`` configures logging (through ``cli``): the configuration is given back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+@pytest.fixture
+def kms_key(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    kms = botocore.session.get_session().create_client(
+        "kms", endpoint_url=moto.endpoint_url, region_name="us-east-1"
+    )
+    return str(kms.create_key(Description="dicom-ingest audit")["KeyMetadata"]["Arn"])
+
+
+async def kms_trail(moto: MotoServer, key: str, tmp: Path, events: int) -> tuple[list[bytes], int]:
+    s = settings_for(
+        tmp, audit_kms_key_id=key, audit_kms_endpoint_url=moto.endpoint_url,
+        audit_rotate_records="3",
+    )  # fmt: skip
+    trail = AuditTrail(None, "unused", "w-kms")
+    keys = KmsKeys(s.audit_kms_key_id, s.audit_kms_endpoint_url)
+    publisher = MemoryPublisher()
+    audit = AuditPublisher(
+        trail, publisher, "audit", "w-kms",  # type: ignore[arg-type]
+        keys=keys, signer=DigestSigner(load_signing_key(None), "w-kms", trail.trail), settings=s,
+    )  # fmt: skip
+    try:
+        await audit.start()
+        for i in range(events):
+            await audit.record(OK if i % 2 else DEAD)
+        await audit.stop()
+    finally:
+        await keys.aclose()
+    return publisher.messages, audit.rotations
+
+
+@pytest.mark.anyio
+async def test_kms_data_keys_rotate_and_old_ones_decrypt(
+    moto: MotoServer, kms_key: str, tmp_path: Path
+) -> None:
+    messages, rotations = await kms_trail(moto, kms_key, tmp_path, 5)
+    envelopes = [json.loads(m) for m in messages if b'"digest"' not in m]
+    assert len(envelopes) == 7  # start, 5, stop
+    assert rotations == 3  # records 0-2, 3-5, 6
+    assert {e["kid"] for e in envelopes} == {kms_key}  # the KMS key's ARN, as KMS named it
+    assert len({e["edk"] for e in envelopes}) == 3
+    reader = KmsKeys(None, moto.endpoint_url)  # an auditor needs no key id, only kms:Decrypt
+    try:
+        data_keys = await unwrap_all(messages, reader)
+        assert len(data_keys) == 3
+        report = verify_trail(messages, data_keys=data_keys)
+        assert report.ok, report.findings
+        assert [r["seq"] for r in report.records] == list(range(7))
+        # KMS checks the encryption context: a data key does not unwrap for another trail
+        env = envelopes[0]
+        aad = json.loads(base64.b64decode(env["aad"]))
+        with pytest.raises(KeyRefused, match="KMS Decrypt: InvalidCiphertextException"):
+            await reader.unwrap(
+                env["kid"], base64.b64decode(env["edk"]), context(aad["worker"], "another")
+            )
+    finally:
+        await reader.aclose()
+
+
+def test_cli_decrypts_a_kms_trail(
+    moto: MotoServer,
+    kms_key: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    messages, _ = anyio.run(kms_trail, moto, kms_key, tmp_path, 2)
+    export = tmp_path / "kms-trail.jsonl"
+    write_export(export, "audit", [Stored(0, i, None, m) for i, m in enumerate(messages)])
+    monkeypatch.setenv("DICOM_INGEST_AUDIT_KMS_ENDPOINT_URL", moto.endpoint_url)
+    assert cli(monkeypatch, ["audit", "verify", "--file", str(export)]) == 0
+    out = capsys.readouterr().out
+    assert "4 records decrypted" in out
+    assert "verified: no break" in out
+    for secret in (CREDENTIALS["AWS_SECRET_ACCESS_KEY"],):
+        assert secret not in out
