@@ -48,10 +48,11 @@ def make_parser() -> argparse.ArgumentParser:
     worker.add_argument("--config", type=Path, help="TOML file with settings (env wins)")
     worker.add_argument(
         "--processes",
-        type=_positive_int,
+        type=_processes,
         default=1,
         help="worker processes in one consumer group (1: this process, no supervisor; N: a "
-        "supervisor starting N children, worker id + '-i', health port + i)",
+        "supervisor starting N children, worker id + '-i', health port + i; auto: N for this "
+        "host's cores, GPUs and memory)",
     )
     worker.add_argument(
         "--gpus",
@@ -93,6 +94,57 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _processes(text: str) -> int | str:
+    return "auto" if text.strip() == "auto" else _positive_int(text)
+
+
+def host_processes(device: str, ring_bytes: int, gpus: Sequence[str]) -> int:
+    """``--processes auto`` on this host for workers of ``device`` and ``ring_bytes`` of
+    pinned ring: its usable cores, the GPUs the workers would use (``--gpus``, else every
+    visible one; none on the CPU backend) and its memory."""
+    from ingest.ops.supervisor import auto_processes
+
+    if device == "cpu":
+        count = 0
+    elif gpus:
+        count = len(gpus)
+    else:
+        from gpu.driver import device_count
+
+        try:
+            count = device_count()
+        except Exception:  # no driver, no device: the CPU backend
+            count = 0
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return auto_processes(len(os.sched_getaffinity(0)), count, memory, ring_bytes)
+
+
+def _bench_processes(item: str, args: argparse.Namespace) -> int:
+    """One item of ``bench --processes``: N, or ``auto`` resolved as the worker would.
+
+    Raises:
+        ConfigError: neither a positive integer nor ``auto``.
+    """
+    if item != "auto":
+        if not item.isdigit() or int(item) < 1:
+            raise ConfigError("bench --processes: every N must be at least 1, or auto")
+        return int(item)
+    from dataclasses import fields
+
+    from ingest.ops.supervisor import parse_gpus
+
+    sizes: dict[str, int] = {
+        f.name: int(f.default)  # type: ignore[arg-type]
+        for f in fields(Settings)
+        if f.name in ("part_size", "ring_slots")
+    }
+    for name, _, value in (item.partition("=") for item in args.set):
+        if name.strip().lower() in sizes:
+            sizes[name.strip().lower()] = int(value)
+    ring = sizes["part_size"] * sizes["ring_slots"]
+    return host_processes(args.device, ring, parse_gpus(args.gpus))
 
 
 def _csv_ints(text: str) -> tuple[int, ...]:
@@ -178,10 +230,11 @@ def _bench_parser(commands: Any) -> None:
     add("--device", choices=("auto", "cuda", "cpu"), default="auto")
     add(
         "--processes",
-        type=_csv_ints,
+        type=_csv_names,
         default=(),
         metavar="LIST",
-        help="scaled mode: for each N, `worker --processes N` in one group, e.g. 1,4,8",
+        help="scaled mode: for each N, `worker --processes N` in one group, e.g. 1,4,8,auto "
+        "(auto: what `worker --processes auto` chooses here)",
     )
     add("--gpus", default="", metavar="LIST", help="scaled mode: the workers' --gpus, e.g. 0,1")
     add(
@@ -221,8 +274,7 @@ def bench_config(args: argparse.Namespace) -> Any:
     for name, sep, _ in pairs:
         if not sep or name.strip().lower() not in SETTINGS:
             raise ConfigError(f"bench --set {name}: expected NAME=VALUE with a known setting")
-    if any(n < 1 for n in args.processes):
-        raise ConfigError("bench --processes: every N must be at least 1")
+    processes = tuple(_bench_processes(n, args) for n in args.processes)
     if any(m not in ("ours-hook", "ours") for m in args.scaled_modes):
         raise ConfigError("bench --scaled-modes: ours-hook, ours")
     if not 0.0 <= args.paced_rate < float("inf"):
@@ -253,7 +305,7 @@ def bench_config(args: argparse.Namespace) -> Any:
         device=args.device,
         plots=not args.no_plots,
         worker_settings=tuple((name.strip(), value) for name, _, value in pairs),
-        processes=args.processes,
+        processes=processes,
         gpus=args.gpus.strip(),
         scaled_modes=args.scaled_modes,
         paced_rate=args.paced_rate,
@@ -330,10 +382,12 @@ def _worker_command(args: argparse.Namespace) -> int:
     if args.parent_pid is not None and not die_with_parent(args.parent_pid):
         log.warning("parent gone before start; exiting", worker=settings.worker_id)
         return 0
-    if args.processes > 1:
-        specs = child_specs(
-            settings, args.processes, gpus, dict(os.environ), args.config, os.getpid()
-        )
+    processes = args.processes
+    if processes == "auto":
+        processes = host_processes(settings.device, settings.part_size * settings.ring_slots, gpus)
+        log.info("processes chosen for this host", processes=processes)
+    if processes > 1:
+        specs = child_specs(settings, processes, gpus, dict(os.environ), args.config, os.getpid())
         return _run(run_supervisor, specs, settings.shutdown_deadline_s)
     device_environment(gpus, os.environ, device_decodes(settings))
     if args.parent_pid is not None:

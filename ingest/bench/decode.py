@@ -43,6 +43,7 @@ DECODE_READERS = ("pydicom-loop", "cpu-pool", "nvimgcodec", "nvimgcodec-plugin")
 # compressed objects"); RLE has no device decoder and no goal
 DECODE_GOALS: dict[str, dict[str, float]] = {
     "slide": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},
+    "slide-512": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},
     "ct-htj2k": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},
     "ct-j2k": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 2.0},
     "ct-htj2k-volume": {"nvimgcodec": 0.8, "nvimgcodec-plugin": 5.0, "cpu-pool": 10.0},

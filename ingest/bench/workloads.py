@@ -31,7 +31,8 @@ FETCH_WORKLOADS = ("ct", "large", "mix")
 CORPUS = "corpus"  # a fetch workload, run when named
 # Compressed objects, decoded on the CPU: workload -> transfer syntax of its frames
 DECODE_WORKLOADS = {
-    "slide": JPEGBaseline8Bit,  # tiles of a whole-slide image
+    "slide": JPEGBaseline8Bit,  # 256 x 256 tiles of a whole-slide image
+    "slide-512": JPEGBaseline8Bit,  # 512 x 512 tiles of a whole-slide image
     "ct-j2k": JPEG2000Lossless,  # a CT series
     "ct-htj2k": HTJ2KLossless,  # a CT series
     "ct-rle": RLELossless,  # a CT series

@@ -1,8 +1,9 @@
 """The decode workloads: compressed objects whose frames the worker decodes.
 
-- ``slide``: one VL Whole Slide Microscopy image of 256 x 256 JPEG Baseline tiles
-  (YBR_FULL_422, ~19 KB a tile), about ``--slide-mb`` MiB, streamed to a file by
-  ``write_jpeg_slide`` (never held whole) and uploaded by multipart upload;
+- ``slide``, ``slide-512``: one VL Whole Slide Microscopy image of 256 x 256 (512 x 512)
+  JPEG Baseline tiles encoded by Pillow (YBR_FULL_422, ~19 KB a 256 x 256 tile), about
+  ``--slide-mb`` MiB, streamed to a file by ``write_jpeg_slide`` (never held whole) and
+  uploaded by multipart upload;
 - ``ct-j2k``, ``ct-htj2k``, ``ct-rle``: ``--ct`` CT slices (512 x 512, 12 bits
   stored in 16, signed) in JPEG 2000 Lossless, HTJ2K Lossless and RLE Lossless
   (``compressed_ct_series``), one object and one frame each;
@@ -46,11 +47,11 @@ from ingest.bench.workloads import (
     upload_file_multipart,
 )
 
-SLIDE_TILE = 256
+SLIDES = {"slide": 256, "slide-512": 512}  # workload -> its tiles' side
 CT_SIZE = 512
 # A volume (one multi-frame object) takes its frames from the slices of its series
 VOLUMES = {"ct-htj2k-volume": "ct-htj2k", "ct-j2k-volume": "ct-j2k"}
-SERIES = tuple(n for n in DECODE_WORKLOADS if n != "slide" and n not in VOLUMES)
+SERIES = tuple(n for n in DECODE_WORKLOADS if n not in SLIDES and n not in VOLUMES)
 # The writer's default slices a series: 512 x 512 slices take 180 (J2K), 190 (HTJ2K) and
 # 230 KB (RLE), so 12 of each make ~7.2 MB, small enough to carry to the device
 CORPUS_SLICES = 12
@@ -64,16 +65,16 @@ def pydicom_plugins(syntax: str) -> list[str]:
     return list(get_decoder(syntax).available_plugins)
 
 
-def slide_grid(slide_mb: int) -> tuple[int, int]:
-    """(across, down) tiles of a near-square slide of about ``slide_mb`` MiB.
+def slide_grid(slide_mb: int, tile: int = 256) -> tuple[int, int]:
+    """(across, down) tiles of ``tile`` pixels of a near-square slide of about ``slide_mb`` MiB.
 
     The writer reuses its 61 distinct tiles cyclically, so the mean tile is the
     difference between a slide of 61 tiles and one of 1, over 60.
     """
     from ingest.embedded.samples_slide import jpeg_slide_bytes
 
-    one = len(jpeg_slide_bytes(tiles_across=1, tiles_down=1))
-    per_tile = (len(jpeg_slide_bytes(tiles_across=61, tiles_down=1)) - one) / 60
+    one = len(jpeg_slide_bytes(tiles_across=1, tiles_down=1, tile=tile))
+    per_tile = (len(jpeg_slide_bytes(tiles_across=61, tiles_down=1, tile=tile)) - one) / 60
     tiles = max(1, round(slide_mb * MiB / per_tile))
     across = math.ceil(math.sqrt(tiles))
     return across, math.ceil(tiles / across)
@@ -84,15 +85,15 @@ def corpus_files(corpus: Path, name: str) -> list[Path]:
     return sorted((corpus / name).glob("*.dcm"))
 
 
-def _write_slide(folder: Path, slide_mb: int) -> Any:
+def _write_slide(folder: Path, slide_mb: int, tile: int) -> Any:
     from ingest.embedded.samples_slide import write_jpeg_slide
 
-    across, down = slide_grid(slide_mb)
-    path = folder / f"slide-jpeg-{across}x{down}x{SLIDE_TILE}.dcm"
-    return write_jpeg_slide(path, tiles_across=across, tiles_down=down, tile=SLIDE_TILE)
+    across, down = slide_grid(slide_mb, tile)
+    path = folder / f"slide-jpeg-{across}x{down}x{tile}.dcm"
+    return write_jpeg_slide(path, tiles_across=across, tiles_down=down, tile=tile)
 
 
-def corpus_slide(path: Path) -> Workload:
+def corpus_slide(path: Path, name: str = "slide") -> Workload:
     """A slide from the corpus, described from its header (no object uploaded yet)."""
     from pydicom import dcmread
 
@@ -103,7 +104,7 @@ def corpus_slide(path: Path) -> Workload:
     total = (int(ds.TotalPixelMatrixRows), int(ds.TotalPixelMatrixColumns))
     syntax = str(ds.file_meta.TransferSyntaxUID)
     return Workload(
-        "slide",
+        name,
         (),
         frames=int(ds.NumberOfFrames),
         frame_bytes=rows * columns * int(ds.SamplesPerPixel) * int(ds.BitsAllocated) // 8,
@@ -121,27 +122,29 @@ def corpus_slide(path: Path) -> Workload:
 def _slide(
     target: S3Target,
     client: Any,
+    name: str,
     slide_mb: int,
     tmpdir: Path,
     corpus: Path | None,
     progress: Callable[[str], None],
 ) -> Workload:
-    found = corpus_files(corpus, "slide") if corpus is not None else []
+    tile = SLIDES[name]
+    found = corpus_files(corpus, name) if corpus is not None else []
     if found:
-        workload = corpus_slide(found[0])
+        workload = corpus_slide(found[0], name)
     else:
-        progress("writing the slide to a temporary file")
-        info = _write_slide(tmpdir, slide_mb)
+        progress(f"writing the slide of {tile} x {tile} tiles to a temporary file")
+        info = _write_slide(tmpdir, slide_mb, tile)
         assert info.path is not None
         workload = Workload(
-            "slide",
+            name,
             (),
             frames=info.frames,
-            frame_bytes=SLIDE_TILE * SLIDE_TILE * 3,
+            frame_bytes=tile * tile * 3,
             files=(info.path,),
             syntax=info.syntax,
             info=(
-                ("tiles", (info.tiles_across, info.tiles_down, SLIDE_TILE)),
+                ("tiles", (info.tiles_across, info.tiles_down, tile)),
                 ("total_matrix", (info.total_rows, info.total_columns)),
                 ("offset_table", info.offset_table),
                 ("source", "generated"),
@@ -150,10 +153,10 @@ def _slide(
         )
     path = workload.files[0]
     progress(f"uploading the slide ({path.stat().st_size / 1e6:.0f} MB, multipart)")
-    key = f"bench/slide/{path.name}"
+    key = f"bench/{name}/{path.name}"
     size = upload_file_multipart(client, target.source_bucket, key, path)
     return Workload(
-        "slide",
+        name,
         (BenchObject(key, size),),
         frames=workload.frames,
         frame_bytes=workload.frame_bytes,
@@ -305,8 +308,8 @@ def prepare_decode_workloads(
     out: dict[str, Workload] = {}
     try:
         for name in names:
-            if name == "slide":
-                out[name] = _slide(target, client, slide_mb, tmpdir, corpus, progress)
+            if name in SLIDES:
+                out[name] = _slide(target, client, name, slide_mb, tmpdir, corpus, progress)
             elif name in VOLUMES:
                 out[name] = _volume(target, client, name, ct_count, tmpdir, corpus, progress)
             elif name in DECODE_WORKLOADS:
@@ -330,15 +333,17 @@ def write_corpus(
     unknown = [n for n in names if n not in DECODE_WORKLOADS or n in VOLUMES]
     if unknown or count < 1:
         raise ValueError(f"--write: decode workloads {', '.join(SERIES)} and --ct >= 1")
-    wanted = [n for n in names if n != "slide"] + (["slide"] if slide_mb > 0 else [])
+    wanted = [n for n in names if n not in SLIDES] + (
+        [n for n in SLIDES if n in names or n == "slide"] if slide_mb > 0 else []
+    )
     written = {}
     for name in wanted:
         target = folder / name
         target.mkdir(parents=True, exist_ok=True)
         for old in corpus_files(folder, name):
             old.unlink()
-        if name == "slide":
-            paths = [_write_slide(target, slide_mb).path]
+        if name in SLIDES:
+            paths = [_write_slide(target, slide_mb, SLIDES[name]).path]
         else:
             paths = _generated_series(name, count, target)
         written[name] = (len(paths), sum(p.stat().st_size for p in paths))

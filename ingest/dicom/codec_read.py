@@ -20,7 +20,7 @@ from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import UID
 
 from ingest.dicom.codec_luts import Lut, read_modality_lut, read_palette
-from ingest.dicom.image_pixel import image_pixel
+from ingest.dicom.image_pixel import ImagePixel, image_pixel
 from ingest.dicom.syntaxes import (
     COMPRESSED,
     DEFLATED_LE,
@@ -63,6 +63,13 @@ class Codec:
         """Shape of one output frame: (rows, columns) or (rows, columns, 3)."""
         samples = 3 if self.palette is not None else self.samples_per_pixel
         return (self.rows, self.columns) if samples == 1 else (self.rows, self.columns, samples)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of native stored Pixel Data: 1-bit packed, YBR_FULL_422 two samples a pixel."""
+        samples = 2 if self.photometric_interpretation == "YBR_FULL_422" else self.samples_per_pixel
+        bits = self.rows * self.columns * samples * self.number_of_frames * self.bits_allocated
+        return -(-bits // 8)
 
 
 def needs_codec(
@@ -111,18 +118,41 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
         raise MalformedDicom("no Pixel Data element")
 
     image = image_pixel(ds)
+    little = transfer_syntax_uid != EXPLICIT_VR_BE
     photometric = image.photometric_interpretation
     if photometric in ("YBR_ICT", "YBR_RCT") and uid not in J2K_CODESTREAMS:
         raise UnsupportedDicom(f"{photometric} outside JPEG 2000 ({syntax_name(uid)})")
-
-    little = uid != EXPLICIT_VR_BE
     palette = read_palette(ds, little) if photometric == "PALETTE COLOR" else None
     lut = read_modality_lut(ds, little)
-    if lut is not None and photometric not in _MONOCHROME:
+    vr = str(ds["PixelData"].VR) if "PixelData" in ds else pixel_vr
+    return codec_from_image(image, uid, vr, palette, lut)
+
+
+def codec_from_image(
+    image: ImagePixel,
+    transfer_syntax_uid: str,
+    pixel_vr: str,
+    palette: tuple[Lut, Lut, Lut] | None = None,
+    modality_lut: Lut | None = None,
+) -> Codec:
+    """The codec of an Image Pixel module whose Pixel Data (of VR ``pixel_vr``) is encoded
+    as ``transfer_syntax_uid``, with its palette and Modality LUT when it has them.
+
+    Raises:
+        UnsupportedDicom: no decoder for the syntax, YBR_ICT/YBR_RCT outside JPEG 2000, a
+            Modality LUT Sequence on colour.
+    """
+    uid, photometric = transfer_syntax_uid, image.photometric_interpretation
+    if uid not in SYNTAXES:
+        raise UnsupportedDicom(f"transfer syntax {syntax_name(uid)} has no decoder")
+    if uid in COMPRESSED and not get_decoder(uid).is_available:
+        raise UnsupportedDicom(f"{syntax_name(uid)}: no decoding plugin is installed")
+    if photometric in ("YBR_ICT", "YBR_RCT") and uid not in J2K_CODESTREAMS:
+        raise UnsupportedDicom(f"{photometric} outside JPEG 2000 ({syntax_name(uid)})")
+    if modality_lut is not None and photometric not in _MONOCHROME:
         raise UnsupportedDicom(
             f"a Modality LUT Sequence with photometric interpretation {photometric}"
         )
-    vr = str(ds["PixelData"].VR) if "PixelData" in ds else pixel_vr
     return Codec(
         transfer_syntax_uid=uid,
         rows=image.rows,
@@ -134,9 +164,9 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
         photometric_interpretation=photometric,
         planar_configuration=image.planar_configuration,
         number_of_frames=image.number_of_frames,
-        pixel_vr="OW" if vr == "OW" else "OB",
+        pixel_vr="OW" if pixel_vr == "OW" else "OB",
         palette=palette,
-        modality_lut=lut,
+        modality_lut=modality_lut,
     )
 
 

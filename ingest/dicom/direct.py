@@ -32,24 +32,28 @@ from typing import Final
 
 from pydicom.charset import python_encoding
 
-from ingest.dicom.codec_read import needs_codec
+from ingest.dicom.codec import decoded_format
+from ingest.dicom.codec_read import Codec, codec_from_image, needs_codec
 from ingest.dicom.fragments import ENCAPSULATED_UNCOMPRESSED
 from ingest.dicom.header import (
     PIXEL_TAG,
-    SUPPORTED_TRANSFER_SYNTAXES,
     DicomHeader,
     ShortPrefix,
     header_of,
     locate_pixels,
+    locate_stored,
     pixel_format,
 )
-from ingest.dicom.image_pixel import image_pixel
+from ingest.dicom.image_pixel import ImagePixel, image_pixel
 from ingest.dicom.rescale import slope_intercept
-from ingest.dicom.syntaxes import IMPLICIT_VR_LE
+from ingest.dicom.syntaxes import EXPLICIT_VR_BE as EXPLICIT_VR_BE_UID
+from ingest.dicom.syntaxes import IMPLICIT_VR_LE, READABLE, is_compressed
 from ingest.dicom.walk import Unsure, Walker
 from ingest.errors import IngestError
 
 _TRANSFER_SYNTAX: Final = 0x00020010
+# Read here: little endian, native or compressed (a Deflated data set is inflated first)
+_SYNTAXES: Final = frozenset(READABLE - {EXPLICIT_VR_BE_UID})
 _LAST_BEFORE_PIXELS: Final = 0x7FDFFFFF  # a tag past this, before the Pixel Data: pydicom
 # Their presence changes what the Modality LUT is (rescale.py reads them with pydicom), or
 # makes the object a tiled slide whose total matrix the sidecar reports (header.slide_of).
@@ -152,19 +156,44 @@ def _read(data: bytes, object_size: int, max_pixel_bytes: int) -> DicomHeader:
     values, pos = _data_set(Walker(data, implicit), pos)
     image = image_pixel(values)
     photometric = image.photometric_interpretation
-    if needs_codec(syntax, photometric, image.bits_allocated, False):
-        raise Unsure  # decoded first: pydicom reads its header
-    pixel = pixel_format(image)
     complete = len(data) == object_size
-    encapsulated = syntax == ENCAPSULATED_UNCOMPRESSED  # an Extended Offset Table: pydicom
-    place = locate_pixels(
-        data, pos, implicit, complete, pixel, object_size, max_pixel_bytes, encapsulated
-    )
     rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] = ((1.0,), (0.0,), False)
     if "RescaleSlope" in values and "RescaleIntercept" in values:  # as ``rescale`` decides
         slope, intercept = slope_intercept(values)
         rescaled = (slope,), (intercept,), True
+    if needs_codec(syntax, photometric, image.bits_allocated, False):
+        codec = _codec(data, pos, implicit, syntax, image)
+        stored = locate_stored(
+            data,
+            pos,
+            implicit,
+            True,
+            complete,
+            codec.stored_bytes,
+            is_compressed(syntax),
+            object_size,
+        )
+        return header_of(
+            values, syntax, decoded_format(codec), photometric, stored, rescaled, codec
+        )
+    pixel = pixel_format(image)
+    encapsulated = syntax == ENCAPSULATED_UNCOMPRESSED  # an Extended Offset Table: pydicom
+    place = locate_pixels(
+        data, pos, implicit, complete, pixel, object_size, max_pixel_bytes, encapsulated
+    )
     return header_of(values, syntax, pixel, photometric, place, rescaled)
+
+
+def _codec(data: bytes, pos: int, implicit: bool, syntax: str, image: ImagePixel) -> Codec:
+    """The codec of Pixel Data that is decoded before the device, as ``codec_from_dataset``
+    makes it; a palette (read with pydicom) is not read here."""
+    if image.photometric_interpretation == "PALETTE COLOR":
+        raise Unsure
+    if implicit:  # the VR pydicom gives implicit Pixel Data
+        vr = "OW" if image.bits_allocated > 8 else "OB"
+    else:
+        vr = data[pos + 4 : pos + 6].decode("latin-1")
+    return codec_from_image(image, syntax, vr)
 
 
 def _file_meta(data: bytes) -> tuple[str, int]:
@@ -183,7 +212,7 @@ def _file_meta(data: bytes) -> tuple[str, int]:
                 raise Unsure
             syntax = _CONVERT[b"UI"](data[element.start : element.end])
         pos = element.next
-    if syntax is None or syntax not in SUPPORTED_TRANSFER_SYNTAXES:
+    if syntax is None or syntax not in _SYNTAXES:
         raise Unsure
     return syntax, pos
 

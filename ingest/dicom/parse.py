@@ -35,7 +35,7 @@ from pydicom.dataset import Dataset
 from pydicom.filereader import dcmread, read_dataset
 from pydicom.uid import UID
 
-from ingest.dicom.codec import Codec, codec_from_dataset, decoded_format, needs_codec
+from ingest.dicom.codec import codec_from_dataset, decoded_format, needs_codec
 from ingest.dicom.direct import read_plain_header
 from ingest.dicom.header import (
     FLOAT_TAGS,
@@ -282,7 +282,7 @@ def _decoded(
     encapsulated = is_compressed(syntax)
     try:
         place: PixelPlace = locate_stored(
-            data, pos, implicit, little, complete, _stored_bytes(codec), encapsulated, object_size
+            data, pos, implicit, little, complete, codec.stored_bytes, encapsulated, object_size
         )
     except MalformedDicom as exc:
         raise MalformedDicom(f"{codec.syntax_name}: {exc}") from exc
@@ -303,15 +303,6 @@ def _decoded(
     return header_of(
         ds, syntax, pixel, codec.photometric_interpretation, place, rescaled, codec, offset_table
     )
-
-
-def _stored_bytes(codec: Codec) -> int:
-    """Bytes of native stored Pixel Data: 1-bit packed, YBR_FULL_422 two samples a pixel."""
-    samples = codec.samples_per_pixel
-    if codec.photometric_interpretation == "YBR_FULL_422":
-        samples = 2
-    bits = codec.rows * codec.columns * samples * codec.number_of_frames * codec.bits_allocated
-    return -(-bits // 8)
 
 
 def _int_or_zero(value: object) -> int:

@@ -34,8 +34,13 @@ they ask for SIGTERM when the parent dies (``PR_SET_PDEATHSIG``), so even a
 SIGKILLed parent leaves no worker behind (each drains and exits); and they add
 their worker id to every log line, since they share the parent's stderr.
 
-The pure part (``child_specs``, ``child_environment``, ``RestartPolicy``,
-``classify_exit``) is apart from the process IO (``Supervisor``).
+``--processes auto`` chooses N for the host (``auto_processes``): one process without
+a GPU (its decoding pool already uses every core), else one process for every
+``CORES_PER_PROCESS`` cores, at most ``PROCESSES_PER_GPU`` a GPU, and no more than the
+host's memory holds at one pinned ring and ``PROCESS_OVERHEAD_BYTES`` each.
+
+The pure part (``child_specs``, ``child_environment``, ``auto_processes``,
+``RestartPolicy``, ``classify_exit``) is apart from the process IO (``Supervisor``).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import structlog
@@ -84,6 +89,27 @@ class ChildSpec:
     env: Mapping[str, str] = field(repr=False)
     gpu: str | None = None
     health_port: int | None = None
+
+
+# A worker process keeps about two cores busy: its event loop, and its GET, device and
+# decode-feeding threads between them.
+CORES_PER_PROCESS: Final = 2
+PROCESSES_PER_GPU: Final = 8  # more wait on one GPU's decoders and copy engines
+# Besides its pinned ring: the CUDA driver, nvImageCodec's libraries, the decoding pool's
+# share, Python, at most (docs/operations.md, "Processes per host")
+PROCESS_OVERHEAD_BYTES: Final = 1 << 30
+
+
+def auto_processes(cores: int, gpus: int, memory_bytes: int, ring_bytes: int) -> int:
+    """The worker processes ``--processes auto`` starts on a host of ``cores`` usable cores,
+    ``gpus`` visible GPUs (0 when the worker decodes on the CPU) and ``memory_bytes`` of
+    memory, for workers of ``ring_bytes`` pinned ring each."""
+    if gpus <= 0:
+        return 1
+    by_memory = memory_bytes // max(1, ring_bytes + PROCESS_OVERHEAD_BYTES)
+    return max(
+        1, min(cores // CORES_PER_PROCESS, PROCESSES_PER_GPU * gpus, by_memory, MAX_PROCESSES)
+    )
 
 
 def parse_gpus(text: str) -> tuple[str, ...]:

@@ -158,16 +158,23 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
             for key in ("frames_per_s", "decoded_mb_per_s", "cpu_ms_per_frame", "gb_per_s"):
                 assert entry["median"][key] > 0, (workload, name, key)
         assert readers["cpu-pool"]["runs"][0]["processes"] >= 1
-        multi = workload == "slide" or workload.endswith("-volume")
+        multi = workload.startswith("slide") or workload.endswith("-volume")
         call = "iter_pixels" if multi else "pixel_array"  # multi-frame: per frame
         assert readers["pydicom-loop"]["runs"][0]["pydicom_call"] == call
         assert readers["ours"]["settings"]["sink"] == "s3"
         assert readers["ours-hook"]["hook_chunks"] >= 1
-    slide = on_disk["workloads"]["slide"]
-    across, down, tile = slide["tiles"]
-    assert (slide["frames"], slide["frame_bytes"], tile) == (across * down, 256 * 256 * 3, 256)
-    assert 0.5e6 < slide["bytes"] < 1.6e6  # about --slide-mb MiB
-    series = {w: on_disk["workloads"][w]["frames"] for w in DECODE_WORKLOADS if w != "slide"}
+    for name, side in (("slide", 256), ("slide-512", 512)):
+        slide = on_disk["workloads"][name]
+        across, down, tile = slide["tiles"]
+        assert (slide["frames"], slide["frame_bytes"], tile) == (
+            across * down,
+            side * side * 3,
+            side,
+        )
+        assert 0.5e6 < slide["bytes"] < 1.6e6  # about --slide-mb MiB
+    series = {
+        w: on_disk["workloads"][w]["frames"] for w in DECODE_WORKLOADS if not w.startswith("slide")
+    }
     assert series == {
         "ct-j2k": 2, "ct-htj2k": 2, "ct-rle": 2, "ct-htj2k-volume": 2, "ct-j2k-volume": 2,
     }  # fmt: skip

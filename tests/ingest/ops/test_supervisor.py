@@ -36,6 +36,7 @@ from ingest.ops.supervisor import (
     Exit,
     RestartPolicy,
     Supervisor,
+    auto_processes,
     child_environment,
     child_specs,
     classify_exit,
@@ -83,6 +84,26 @@ def _settings(**extra: str) -> Any:
     }
     env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in extra.items()})
     return load_settings(env)
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("cores", "gpus", "memory", "expected"),
+    [
+        (16, 0, 128 * GIB, 1),  # no GPU: one process; its decoding pool uses every core
+        (16, 1, 128 * GIB, 8),  # two cores a process
+        (64, 1, 512 * GIB, 8),  # at most eight on one GPU
+        (64, 4, 512 * GIB, 32),
+        (16, 1, 6 * GIB, 3),  # what memory holds: a 1 GiB ring + 1 GiB each
+        (1, 1, 128 * GIB, 1),  # never none
+    ],
+)
+def test_auto_processes_follows_cores_gpus_and_memory(
+    cores: int, gpus: int, memory: int, expected: int
+) -> None:
+    assert auto_processes(cores, gpus, memory, ring_bytes=GIB) == expected
 
 
 def test_child_environment_sets_id_port_and_gpu_round_robin() -> None:
