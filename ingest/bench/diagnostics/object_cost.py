@@ -24,8 +24,7 @@ ones, all announced at once as the bench does. It reports
     .venv/bin/python -m ingest.bench.diagnostics.object_cost slide --tiles 4000 --tile 256
     python3 -m ingest.bench.diagnostics.object_cost ct-htj2k --corpus DIR --device cuda
 
-``ct``: uncompressed 512x512 CT slices, one object each; ``ct-htj2k``, ``ct-j2k``,
-``ct-jpeg``: the series of a corpus written by ``ingest.bench.workloads_compressed``
+``ct``: uncompressed 512x512 CT slices, one object each; ``ct-htj2k``, ``ct-j2k``: the series of a corpus written by ``ingest.bench.workloads_compressed``
 (``--corpus``; cycled over to ``--objects``) or, without one, written here by imagecodecs
 or Pillow; ``slide``: one slide of ``--tiles`` JPEG tiles of ``--tile`` pixels (Pillow).
 Sampling costs the process about a tenth of a core; the per-thread CPU is exact, the split
@@ -193,11 +192,11 @@ def _series(shape: str, corpus: Path | None) -> Iterator[bytes]:
         for path in sorted((corpus / shape).glob("*.dcm")):
             yield path.read_bytes()
         return
-    from pydicom.uid import HTJ2KLossless, JPEG2000Lossless, JPEGBaseline8Bit
+    from pydicom.uid import HTJ2KLossless, JPEG2000Lossless
 
     from ingest.embedded.samples_compressed import compressed_ct
 
-    syntax = {"ct-htj2k": HTJ2KLossless, "ct-j2k": JPEG2000Lossless, "ct-jpeg": JPEGBaseline8Bit}
+    syntax = {"ct-htj2k": HTJ2KLossless, "ct-j2k": JPEG2000Lossless}
     for index in range(16):
         yield compressed_ct(syntax[shape], index)
 
@@ -368,7 +367,7 @@ def report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shape", choices=("ct", "ct-htj2k", "ct-j2k", "ct-jpeg", "slide"))
+    parser.add_argument("shape", choices=("ct", "ct-htj2k", "ct-j2k", "slide"))
     parser.add_argument("--objects", type=int, default=600)
     parser.add_argument("--warm", type=int, default=40)
     parser.add_argument("--tiles", type=int, default=4000)
@@ -378,11 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--interval-ms", type=float, default=5.0)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--switch-ms", type=float, default=None, help="sys.setswitchinterval")
     parser.add_argument("--reference", action="store_true", help="nvImageCodec batched too")
     parser.add_argument("--set", action="append", default=[], help="a worker setting, NAME=VALUE")
     args = parser.parse_args(argv)
 
     time_device_decodes()
+    if args.switch_ms is not None:
+        sys.setswitchinterval(args.switch_ms / 1000)
     with embedded_stack() as stack:
         anyio.run(measure, stack, args, backend_options={"use_uvloop": True})
     return 0
