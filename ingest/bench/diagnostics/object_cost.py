@@ -24,9 +24,10 @@ ones, all announced at once as the bench does. It reports
     .venv/bin/python -m ingest.bench.diagnostics.object_cost slide --tiles 4000 --tile 256
     python3 -m ingest.bench.diagnostics.object_cost ct-htj2k --corpus DIR --device cuda
 
-``ct``: uncompressed 512x512 CT slices, one object each; ``ct-htj2k``, ``ct-j2k``: the series of a corpus written by ``ingest.bench.workloads_compressed``
-(``--corpus``; cycled over to ``--objects``) or, without one, written here by imagecodecs
-or Pillow; ``slide``: one slide of ``--tiles`` JPEG tiles of ``--tile`` pixels (Pillow).
+``ct``: uncompressed 512x512 CT slices, one object each; ``ct-htj2k``, ``ct-j2k``: the
+series of a corpus written by ``ingest.bench.workloads_compressed`` (``--corpus``; cycled
+over to ``--objects``) or, without one, written here by imagecodecs; ``slide``: one slide
+of ``--tiles`` JPEG tiles of ``--tile`` pixels (Pillow).
 Sampling costs the process about a tenth of a core; the per-thread CPU is exact, the split
 inside a thread is a sample.
 """
