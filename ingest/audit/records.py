@@ -263,13 +263,37 @@ def _unb64(value: object, name: str) -> bytes:
         raise _fail(f"{name} is not base64") from None
 
 
+DataKeyRef = tuple[str, str, str, str]
+"""An envelope's data key as the key service knows it: (kid, edk, worker, trail), the
+last two the encryption context; the same ``edk`` in another context is another key."""
+
+
+def data_key_ref(env: Mapping[str, Any]) -> DataKeyRef | None:
+    """The ``DataKeyRef`` of a parsed envelope with an ``edk``; None when malformed."""
+    kid, edk = env.get("kid"), env.get("edk")
+    if not isinstance(kid, str) or not isinstance(edk, str) or not isinstance(env.get("aad"), str):
+        return None
+    try:
+        header = json.loads(base64.b64decode(env["aad"], validate=True))
+    except (ValueError, binascii.Error, RecursionError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    worker, trail = header.get("worker"), header.get("trail")
+    if not isinstance(worker, str) or not isinstance(trail, str):
+        return None
+    return kid, edk, worker, trail
+
+
 def open_envelope(
-    message: bytes, keys: Mapping[str, bytes], data_keys: Mapping[str, bytes] | None = None
+    message: bytes,
+    keys: Mapping[str, bytes],
+    data_keys: Mapping[DataKeyRef, bytes] | None = None,
 ) -> dict[str, Any]:
     """Decrypt and authenticate one audit message; return its plaintext record.
 
     ``keys`` maps a static key's ``kid`` to it; ``data_keys`` maps an envelope's
-    ``edk`` (its base64 text) to the unwrapped data key (``verify.unwrap_all``).
+    ``data_key_ref`` to the unwrapped data key (``verify.unwrap_all``).
 
     Raises:
         AuditVerificationError: malformed envelope, unknown ``kid``, bad base64 or
@@ -285,10 +309,10 @@ def open_envelope(
     if type(v) is not int or v != VERSION or alg != ALG:
         raise _fail("unsupported version or algorithm")
     if "edk" in env:
-        edk = env["edk"]
-        if not isinstance(kid, str) or not isinstance(edk, str) or edk not in (data_keys or {}):
+        ref = data_key_ref(env)
+        if ref is None or ref not in (data_keys or {}):
             raise _fail("unknown data key")
-        key = (data_keys or {})[edk]
+        key = (data_keys or {})[ref]
     elif not isinstance(kid, str) or kid not in keys:
         raise _fail("unknown key id")
     else:

@@ -71,8 +71,21 @@ def write_export(path: Path, topic: str, messages: list[Stored]) -> None:
     os.replace(tmp, path)
 
 
-def read_export(path: Path) -> list[Stored]:
-    """The messages of an export file, in stored order.
+@dataclass(frozen=True, slots=True)
+class Export:
+    """An export file: its messages, and what its header says of them."""
+
+    messages: list[Stored]
+    declared: int | None  # the header's count of messages
+    exported_at: datetime | None
+
+    @property
+    def complete(self) -> bool:
+        return self.declared == len(self.messages)
+
+
+def read_export(path: Path) -> Export:
+    """The messages of an export file, in stored order, with its header's count and time.
 
     Raises:
         ConfigError: not an export file (a line that is not what ``write_export`` writes).
@@ -89,4 +102,9 @@ def read_export(path: Path) -> list[Stored]:
         raise ConfigError(f"audit export {path}: {type(exc).__name__}: {exc}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ConfigError(f"audit export {path}: no {FORMAT} header")
-    return out
+    declared = header.get("messages")
+    try:
+        at = datetime.fromisoformat(str(header.get("exported_at")))
+    except ValueError:
+        at = None
+    return Export(out, declared if type(declared) is int else None, at)

@@ -16,14 +16,34 @@ import anyio
 import pytest
 import structlog
 
-from ingest.audit.digest import write_signing_key
+from ingest.audit.digest import (
+    DigestSigner,
+    LocalSigner,
+    Previous,
+    Signer,
+    load_public_key,
+    load_signing_key,
+    write_signing_key,
+)
 from ingest.audit.keys import LocalKeyring, context, write_keyring
 from ingest.audit.publish import MAX_GROUP, AuditPublisher
 from ingest.audit.records import AuditEvent, AuditTrail, open_envelope, verify_chain
+from ingest.audit.spool import TrailState
 from ingest.audit.store import Stored, write_export
 from ingest.audit.verify import object_records, unwrap_all, verify_trail
 from ingest.errors import BrokerRejected, ConfigError
-from tests.trails import DEAD, KEY, OK, MemoryPublisher, cli, settings_for
+from ingest.settings import load_settings
+from tests.trails import (
+    DEAD,
+    KEY,
+    OK,
+    SITE_PUBLIC,
+    MemoryPublisher,
+    cli,
+    settings_for,
+    site_signer,
+    write_site_key,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -69,7 +89,7 @@ async def test_records_of_many_objects_share_a_round_trip_in_chain_order() -> No
             group.start_soon(audit.record, OK if i % 2 else DEAD)
     assert len(publisher.messages) == 40
     assert 1 < publisher.most_outstanding <= MAX_GROUP  # groups, not one a round trip
-    report = verify_trail(publisher.messages, keys={"k1": KEY})
+    report = verify_trail(publisher.messages, keys={"k1": KEY}, strict=False)  # no signer
     assert report.ok, report.findings
     seqs = [r["seq"] for r in report.records]
     assert seqs == sorted(seqs) == list(range(40))  # the topic's order is the chain's
@@ -84,7 +104,7 @@ async def test_a_refused_group_stays_queued_and_goes_first_in_the_next() -> None
     # the first record twice (sent, refused, sent again first), then the second
     assert len(publisher.messages) == 3
     assert publisher.messages[0] == publisher.messages[1]
-    report = verify_trail(publisher.messages, keys={"k1": KEY})
+    report = verify_trail(publisher.messages, keys={"k1": KEY}, strict=False)
     assert report.ok, report.findings  # an identical copy is a duplicate, not a finding
     assert [r["seq"] for r in report.records] == [0, 1]  # the copy counted once
 
@@ -96,28 +116,46 @@ def keyring(tmp_path: Path) -> Path:
     return path
 
 
-async def keyring_trail(keyring: Path, events: int, **extra: str) -> tuple[list[bytes], Any]:
-    """A keyring trail of ``events`` object records between start and stop, digests on."""
+async def keyring_trail(
+    keyring: Path,
+    events: int,
+    *,
+    worker: str = "w1",
+    state: TrailState | None = None,
+    stop: bool = True,
+    signer: Signer | None = None,
+    **extra: str,
+) -> tuple[list[bytes], AuditPublisher]:
+    """A keyring trail of ``events`` object records after its start, signed by the site
+    key; stopped (``application.stop`` and the final digest) unless told not to, and
+    continuing the worker's previous trail when ``state`` (its ``trail.json``) says so."""
     s = settings_for(keyring.parent, audit_keyring_file=str(keyring), **extra)
     publisher = MemoryPublisher()
-    trail = AuditTrail(None, "unused", "w1")
-    from ingest.audit.digest import DigestSigner, load_signing_key
-
-    signer = DigestSigner(load_signing_key(s.audit_signing_key_file), "w1", trail.trail)
+    trail = AuditTrail(None, "unused", worker)
+    previous = state.previous() if state is not None else Previous()
+    signer = DigestSigner(signer or site_signer(), worker, trail.trail, previous, 60.0)
     audit = AuditPublisher(
-        trail, publisher, "audit", "w1",  # type: ignore[arg-type]
-        keys=LocalKeyring(keyring), signer=signer, settings=s,
+        trail, publisher, "audit", worker,  # type: ignore[arg-type]
+        keys=LocalKeyring(keyring), signer=signer, settings=s, state=state,
     )  # fmt: skip
     await audit.start()
     for i in range(events):
         await audit.record(OK if i % 3 else DEAD)
-    await audit.stop()
+    if stop:
+        await audit.stop()
     return publisher.messages, audit
 
 
 async def opened(messages: list[bytes], keyring: Path, **kw: Any) -> Any:
     data_keys = await unwrap_all(messages, LocalKeyring(keyring))
+    kw.setdefault("pinned", [SITE_PUBLIC])
     return verify_trail(messages, data_keys=data_keys, **kw)
+
+
+def checked(messages: list[bytes], **kw: Any) -> Any:
+    """``verify_trail`` without keys, the site key pinned."""
+    kw.setdefault("pinned", [SITE_PUBLIC])
+    return verify_trail(messages, **kw)
 
 
 def kinds(report: Any) -> list[str]:
@@ -208,12 +246,12 @@ async def test_keyring_rotation_keeps_old_keys_and_data_keys_are_bound_to_their_
 ) -> None:
     first, _ = await keyring_trail(keyring, 2)
     assert write_keyring(keyring, rotate=True) == "kek-2"
-    second, _ = await keyring_trail(keyring, 2)
+    second, _ = await keyring_trail(keyring, 2, worker="w2")
     assert {json.loads(m)["kid"] for m in second if b'"digest"' not in m} == {"keyring:kek-2"}
     assert (await opened(first + second, keyring)).ok
     # an edk moved into another trail's envelope does not unwrap there
-    env = json.loads(second[1])
-    env["edk"] = json.loads(first[1])["edk"]
+    env = json.loads(second[2])  # a record (message 1 is the first digest)
+    env["edk"] = json.loads(first[2])["edk"]
     env["kid"] = "keyring:kek-1"
     report = await opened([*first, json.dumps(env).encode()], keyring)
     assert "changed" in kinds(report)
@@ -235,18 +273,20 @@ def test_keyring_file_must_be_private(tmp_path: Path) -> None:
 async def test_an_intact_trail_verifies_with_and_without_keys(keyring: Path) -> None:
     messages, _ = await keyring_trail(keyring, 7, audit_digest_records="3")
     digests = [json.loads(m) for m in messages if b'"digest"' in m]
-    assert [d["digest_seq"] for d in digests] == [0, 1, 2]  # after records 2, 5 and 8
-    assert digests[-1]["last_seq"] == 8  # start + 7 + stop, all signed at the end
+    # after the start, records 3 and 6, and at the stop (final)
+    assert [(d["digest_seq"], d["last_seq"], d["final"]) for d in digests] == [
+        (0, 0, False), (1, 3, False), (2, 6, False), (3, 8, True)]  # fmt: skip
     assert all(d["type"] == "digest" and "ct" not in d for d in digests)
     with_keys = await opened(messages, keyring)
     assert with_keys.ok, with_keys.findings
     assert len(object_records(with_keys.records)) == 7
     assert verify_chain(with_keys.records).ok
-    without = verify_trail(messages)
+    without = checked(messages)
     assert without.ok
     assert not without.records
     (summary,) = without.trails.values()
-    assert (summary.records, summary.digests, summary.signed_through) == (9, 3, 8)
+    assert (summary.records, summary.digests, summary.signed_through) == (9, 4, 8)
+    assert summary.state == "closed"
 
 
 def _record_positions(messages: list[bytes]) -> list[int]:
@@ -259,7 +299,7 @@ async def test_verify_names_the_first_break(keyring: Path, decrypt: bool) -> Non
     records = _record_positions(messages)
 
     async def first(tampered: list[bytes]) -> Any:
-        report = await opened(tampered, keyring) if decrypt else verify_trail(tampered)
+        report = await opened(tampered, keyring) if decrypt else checked(tampered)
         assert not report.ok
         return report.first_break
 
@@ -275,7 +315,7 @@ async def test_verify_names_the_first_break(keyring: Path, decrypt: bool) -> Non
     if decrypt:  # the key names the record itself; without it, the digest range holding it
         assert "record 3 does not open" in found.detail
     else:
-        assert "records 0..3 do not match digest 0" in found.detail
+        assert "records 1..4 do not match digest 1" in found.detail
     # deleted
     deleted = messages[: records[5]] + messages[records[5] + 1 :]
     found = await first(deleted)
@@ -305,33 +345,55 @@ async def test_verify_finds_bad_signatures_digest_gaps_and_foreign_keys(
     d = json.loads(bad[digest_at[1]])
     d["last_seq"] -= 1  # moves the signed head without re-signing
     bad[digest_at[1]] = json.dumps(d).encode()
-    assert verify_trail(bad).first_break.kind == "bad_signature"  # type: ignore[union-attr]
+    assert checked(bad).first_break.kind == "bad_signature"  # type: ignore[union-attr]
     gap = messages[: digest_at[1]] + messages[digest_at[1] + 1 :]
-    found = verify_trail(gap).first_break
+    found = checked(gap).first_break
     assert found is not None
     assert (found.kind, found.detail[:9]) == ("digest_gap", "digest 2 ")
-    no_final = messages[: digest_at[-1]]
-    last_missing = (await opened(no_final, keyring)).first_break
-    assert last_missing is not None
-    assert "stopped but no digest" in last_missing.detail
-    # pinned keys: the trail's own key is trusted, another is not
+    # pinned keys: the site's key is trusted, another is not
     pub = tmp_path / "other.pem"
     write_signing_key(pub)
-    announced = json.loads(messages[digest_at[0]])["public_key"]
-    assert verify_trail(messages, pinned=[announced]).ok
-    other = base64.b64encode((pub.parent / "other.pem.pub").read_bytes()).decode()
-    assert kinds(verify_trail(messages, pinned=[other]))[0] == "untrusted_key"
+    other = load_public_key(tmp_path / "other.pem.pub")
+    # every digest by another key, so nothing signs the records either
+    assert set(kinds(checked(messages, pinned=[other]))) == {"untrusted_key", "unsigned"}
+    assert checked(messages, pinned=[other, SITE_PUBLIC]).ok
 
 
 async def test_a_configured_signing_key_signs_every_digest(keyring: Path, tmp_path: Path) -> None:
     raw = write_signing_key(tmp_path / "signing.pem")
-    messages, _ = await keyring_trail(
-        keyring, 2, audit_signing_key_file=str(tmp_path / "signing.pem")
-    )
+    signer = LocalSigner(load_signing_key(tmp_path / "signing.pem"))
+    messages, _ = await keyring_trail(keyring, 2, signer=signer)
     keys = {json.loads(m)["public_key"] for m in messages if b'"digest"' in m}
     assert keys == {base64.b64encode(raw).decode()}
-    report = await opened(messages, keyring)
+    report = await opened(messages, keyring, pinned=[load_public_key(tmp_path / "signing.pem.pub")])
+    assert report.ok, report.findings
     assert report.records[0]["signing_key"] in keys  # announced in the first record
+
+
+def test_a_signing_key_or_config_others_may_read_is_refused(tmp_path: Path) -> None:
+    key = write_site_key(tmp_path / "site.pem")
+    key.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        load_signing_key(key)
+    config = tmp_path / "worker.toml"
+    config.write_text(f'audit_key = "{base64.b64encode(KEY).decode()}"\n')
+    config.chmod(0o644)
+    with pytest.raises(ConfigError, match="holds audit_key and others may read it"):
+        load_settings({}, config_file=config, required=())
+    config.chmod(0o600)
+    assert load_settings({}, config_file=config, required=()).audit_key == KEY
+
+
+def test_the_keyring_is_written_through_a_private_temporary_file(tmp_path: Path) -> None:
+    path = tmp_path / "keyring.json"
+    planted = tmp_path / "keyring.json.tmp"  # the fixed name a former version wrote through
+    stolen = tmp_path / "stolen"
+    planted.symlink_to(stolen)
+    write_keyring(path)
+    write_keyring(path, rotate=True)
+    assert not stolen.exists()  # the keys never went through the planted link
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keyring.json", "keyring.json.tmp"]
 
 
 @pytest.mark.usefixtures("anyio_backend")
@@ -345,8 +407,9 @@ def test_cli_export_file_verify_and_decrypt(
     stored = [Stored(0, i, None, m) for i, m in enumerate(messages)]
     export = tmp_path / "trail.jsonl"
     write_export(export, "dicom-ingest.audit", stored)
+    pub = str(write_site_key(tmp_path / "site.pem")) + ".pub"
     monkeypatch.setenv("DICOM_INGEST_AUDIT_KEYRING_FILE", str(keyring))
-    assert cli(monkeypatch, ["audit", "verify", "--file", str(export)]) == 0
+    assert cli(monkeypatch, ["audit", "verify", "--file", str(export), "--public-key", pub]) == 0
     assert "verified: no break" in capsys.readouterr().out
     assert cli(monkeypatch, ["audit", "decrypt", "--file", str(export)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -354,9 +417,11 @@ def test_cli_export_file_verify_and_decrypt(
                                            "object.processed", "object.processed",
                                            "application.stop"]  # fmt: skip
     tampered = tmp_path / "tampered.jsonl"
-    write_export(tampered, "t", stored[:2] + stored[3:])
+    records = _record_positions(messages)
+    write_export(tampered, "t", [m for i, m in enumerate(stored) if i != records[2]])
     monkeypatch.delenv("DICOM_INGEST_AUDIT_KEYRING_FILE")
-    assert cli(monkeypatch, ["audit", "verify", "--no-decrypt", "--file", str(tampered)]) == 1
+    argv = ["audit", "verify", "--no-decrypt", "--file", str(tampered), "--public-key", pub]
+    assert cli(monkeypatch, argv) == 1
     out = capsys.readouterr().out
-    assert "FIRST BREAK: deleted at partition 0 offset 3" in out
+    assert f"FIRST BREAK: deleted at partition 0 offset {records[3]}" in out
     assert "records 2..2 are missing" in out
