@@ -451,6 +451,9 @@ class _Trail:
             b = d.body
             if self.base is not None and d.seq <= self.base.seq:
                 continue
+            if not d.valid:
+                self.find(item, "bad_signature", f"digest {d.seq} does not verify")
+                continue
             if d.seq in seen:
                 if seen[d.seq] == d.signed_sha256:
                     self.ctx.out.duplicates += 1
@@ -458,9 +461,6 @@ class _Trail:
                     self.find(item, "inserted", f"a second, different digest {d.seq}")
                 continue
             self.summary.digests += 1
-            if not d.valid:
-                self.find(item, "bad_signature", f"digest {d.seq} does not verify")
-                continue
             if first_key is None and self.ctx.tofu and not self.ctx.pinned:
                 first_key = d.public_key
             if not self.ctx.trusts(d.public_key, first_key):
