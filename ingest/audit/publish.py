@@ -302,10 +302,11 @@ async def _open_audit(s: Settings, publisher: Publisher) -> AsyncIterator[AuditP
         ca,
     )
     signer: Signer | None = None
+    spool, orphaned = None, []
     try:
         static = s.audit_key if s.audit_key else None
         trail = AuditTrail(static, s.audit_key_id, s.worker_id, s3_endpoint=s.s3_endpoint_url)
-        spool, state, previous, orphaned = None, None, Previous(), []
+        state, previous = None, Previous()
         if s.audit_spool_dir is not None:
             spool = Spool(s.audit_spool_dir / s.worker_id, s.audit_spool_max_bytes)
             state = TrailState(s.audit_spool_dir / s.worker_id)
@@ -331,6 +332,8 @@ async def _open_audit(s: Settings, publisher: Publisher) -> AsyncIterator[AuditP
         finally:
             await audit.stop()
     finally:
+        for held in [*orphaned, *([spool] if spool else [])]:
+            held.let_go()
         with anyio.CancelScope(shield=True):
             await keys.aclose()
             if signer is not None:

@@ -37,7 +37,6 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import IO
 
 import anyio
 
@@ -55,7 +54,7 @@ class Spool:
         private_dir(directory.parent)
         private_dir(directory)
         self._dir = directory
-        self._lock: IO[bytes] | None = hold(directory) if lock else None
+        self._lock: int | None = hold(directory) if lock else None  # a descriptor
         self._max = max_bytes
         self._files: list[tuple[int, int]] = []  # (number, size), oldest first
         for entry in sorted(directory.iterdir()):
@@ -81,7 +80,7 @@ class Spool:
     def let_go(self) -> None:
         """Let another process take this spool (its lock is dropped)."""
         if self._lock is not None:
-            self._lock.close()
+            os.close(self._lock)
             self._lock = None
 
     @property
@@ -167,23 +166,23 @@ def private_dir(path: Path) -> None:
         path.chmod(0o700)
 
 
-def hold(directory: Path) -> IO[bytes]:
-    """An exclusive lock on the spool ``directory`` for this process's lifetime.
+def hold(directory: Path) -> int:
+    """An exclusive lock on the spool ``directory`` until ``Spool.let_go`` or the process
+    ends (the kernel drops it then, however the process ended): its file descriptor.
 
     Raises:
         ConfigError: another running process holds it (the same worker id twice).
     """
     fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    handle = os.fdopen(fd, "r+b")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.close()
+        os.close(fd)
         raise ConfigError(
             f"DICOM_INGEST_WORKER_ID: the spool {directory} is held by a running process "
             "(two workers with one worker id)"
         ) from None
-    return handle
+    return fd
 
 
 def orphans(root: Path, mine: str, max_bytes: int) -> list[Spool]:
