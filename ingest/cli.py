@@ -21,6 +21,7 @@ import structlog
 
 from ingest.errors import ConfigError, IngestError
 from ingest.logs import configure_logging
+from ingest.redact import set_log_hash_key
 from ingest.settings import SETTINGS, Settings, load_settings, setting_names
 
 if TYPE_CHECKING:
@@ -325,6 +326,7 @@ def _worker_command(args: argparse.Namespace) -> int:
 
     gpus = parse_gpus(args.gpus)
     settings = load_settings(config_file=args.config)
+    set_log_hash_key(settings.log_hash_key or None)
     tty = settings.log_format == "auto" and sys.stderr.isatty()  # a person reads a terminal
     configure_logging(json=not (tty or settings.log_format == "console"))
     if args.parent_pid is not None and not die_with_parent(args.parent_pid):

@@ -387,6 +387,15 @@ class Settings:
     output_sse_kms_key_id: str | None = security(
         None, OPTIONAL_TEXT, "KMS key of `OUTPUT_SSE=aws:kms`; unset: the bucket's default key"
     )
+    log_hash_key: bytes = security(
+        b"",
+        AES_KEY,
+        (
+            "base64 of 32 random bytes: the deployment's secret key of the hashes (HMAC-SHA-256)"
+            " that stand for object keys in logs; unset: a key made by each process"
+        ),
+        secret=True,
+    )
 
     @property
     def slot_size(self) -> int:
