@@ -15,13 +15,14 @@ has the table):
 - ``application.start`` / ``.stop``  EventID 110100 Application Activity, action E,
                              EventTypeCode 110120 Application Start / 110121 Stop.
 
-Participant objects: the study (ParticipantObjectIDTypeCode 110180 Study Instance
-UID, type 2 system object, role 3 report) with the SOP instance in
-``ParticipantObjectDescription.SOPClass.Instance`` (where A.5 puts instance UIDs)
+Participant objects: the patient (type 1 person, role 1 patient, RFC 3881
+ParticipantObjectIDTypeCode 2 Patient Number: the Patient ID, as IHE ATNA expects;
+the record is encrypted, and no name is kept), the study (ParticipantObjectIDTypeCode
+110180 Study Instance UID, type 2 system object, role 3 report) with the SOP class
+and instance in ``ParticipantObjectDescription.SOPClass`` (where A.5 puts them)
 and the series UID as a ``ParticipantObjectDetail``; the S3 object as a URI
 (RFC 3881 ParticipantObjectIDTypeCode 12) with its bucket, key, version and ETag
-as details. Patient participants are left out on purpose: the worker keeps no
-patient identifiers anywhere (a study UID finds the patient in the archive).
+as details.
 """
 
 from __future__ import annotations
@@ -107,6 +108,15 @@ def audit_message(
 
 def _objects(record: dict[str, Any]) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
+    if record.get("patient_id"):
+        objects.append(
+            {
+                "ParticipantObjectID": record["patient_id"],
+                "ParticipantObjectTypeCode": "1",  # person
+                "ParticipantObjectTypeCodeRole": "1",  # patient
+                "ParticipantObjectIDTypeCode": coded("2", "Patient Number", RFC3881),
+            }
+        )
     if record.get("study_instance_uid"):
         study: dict[str, Any] = {
             "ParticipantObjectID": record["study_instance_uid"],

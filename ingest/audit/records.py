@@ -9,7 +9,8 @@ record), ``ct`` is the AES-256-GCM ciphertext with its 16-byte tag appended, and
 ``aad`` is the canonical JSON ``{"alg", "kid", "seq", "trail", "v", "worker"}`` that
 was authenticated with it, so an envelope whose fields were swapped fails to open.
 The plaintext is a canonical JSON record (keys sorted, no spaces, ASCII only) with the
-object's identity and outcome and no patient names or IDs. Records of one trail (one
+object's identity and outcome; of the patient, only the Patient ID that the DICOM audit
+message's Patient participant names (no names). Records of one trail (one
 ``AuditTrail``: a worker process, ``trail`` being random per instance so restarts do
 not collide) form a hash chain: ``seq`` counts from 0 and ``prev`` is the hex SHA-256
 of the previous record's plaintext ("" for the first), so a dropped, reordered or
@@ -46,7 +47,7 @@ import json
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -88,6 +89,8 @@ class AuditEvent:
     study_instance_uid: str | None = None
     series_instance_uid: str | None = None
     sop_instance_uid: str | None = None
+    sop_class_uid: str | None = None
+    patient_id: str | None = field(default=None, repr=False)  # sealed only, never logged
     reason: str | None = None
     error: str | None = None
     attempts: int = 1
@@ -211,10 +214,12 @@ class AuditTrail:
             raise ConfigError("audit trail has no data key yet (install one first)")
         now = self._clock()
         record = {f.name: getattr(event, f.name) for f in fields(event)}
+        patient = record.pop("patient_id")  # in the A.5 message's Patient participant only
         record |= {"v": VERSION, "worker": self._worker, "trail": self._trail, "seq": self._seq}
         record |= {"prev": self._prev, "outputs": list(event.outputs), "time": _rfc3339(now)}
         record |= self._extra
-        record["dicom_audit"] = audit_message(record, self._me, self._s3_endpoint)
+        message_of = record | {"patient_id": patient}
+        record["dicom_audit"] = audit_message(message_of, self._me, self._s3_endpoint)
         plaintext = canonical_json(record)
         head = {"v": VERSION, "alg": ALG, "kid": self._kid}
         aad = canonical_json(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -225,6 +226,26 @@ def test_records_carry_the_a5_audit_message() -> None:
     assert "patient" not in json.dumps([start, ok, dead, stop]).lower()
     with pytest.raises(ValueError, match="event"):
         AuditEvent("object.viewed", "success", "b", "k", None, None)
+
+
+def test_the_a5_message_names_the_patient_and_the_sop_class() -> None:
+    t = AuditTrail(KEY, "k1", "w1")
+    event = dataclasses.replace(
+        OK, patient_id="MRN-0042", sop_class_uid="1.2.840.10008.5.1.4.1.1.2"
+    )
+    assert "MRN-0042" not in repr(event)  # never in a log line
+    record = open_envelope(t.seal(event), {"k1": KEY})
+    patient, study, *_ = record["dicom_audit"]["ParticipantObjectIdentification"]
+    assert patient == {
+        "ParticipantObjectID": "MRN-0042",
+        "ParticipantObjectTypeCode": "1",
+        "ParticipantObjectTypeCodeRole": "1",
+        "ParticipantObjectIDTypeCode": {
+            "code": "2", "codeSystemName": "RFC-3881", "displayName": "Patient Number"},
+    }  # fmt: skip
+    (sop_class,) = study["ParticipantObjectDescription"]["SOPClass"]
+    assert sop_class["UID"] == "1.2.840.10008.5.1.4.1.1.2"
+    assert sop_class["Instance"] == [{"UID": "1.2.3.4.5"}]
 
 
 # -- envelope encryption with a keyring, rotation ----------------------------------------
