@@ -22,10 +22,16 @@ history): only from the settings' files and environment.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import getpass
 import json
+import socket
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from ingest.audit.digest import load_public_key, public_key_text, write_signing_key
 from ingest.audit.keys import (
@@ -36,7 +42,7 @@ from ingest.audit.keys import (
     kms_public_key,
     write_keyring,
 )
-from ingest.audit.records import DataKeyRef
+from ingest.audit.records import AuditEvent, DataKeyRef
 from ingest.audit.store import Export, read_audit_topic, read_export, write_export
 from ingest.audit.verify import (
     Finding,
@@ -116,6 +122,8 @@ async def run_audit_command(args: argparse.Namespace) -> int:
     if verb == "keygen":
         return _keygen(args)
     settings = load_settings(config_file=getattr(args, "config", None), required=())
+    if verb in ("export", "decrypt"):
+        await _record_use(settings, verb, getattr(args, "file", None))
     export = await _messages(settings, getattr(args, "file", None))
     stored = export.messages
     if verb == "export":
@@ -146,6 +154,48 @@ async def run_audit_command(args: argparse.Namespace) -> int:
     if report.tampered:
         return 1
     return 0 if report.ok else 2
+
+
+async def _record_use(settings: Settings, verb: str, file: Path | None) -> None:
+    """Record ``audit_log.used`` (DICOM 110101 Audit Log Used) on the audit topic before
+    the trail is read: a trail of its own, signed as the workers' are. Where the
+    settings name no audit topic, key or signing key, say that the use goes unrecorded.
+
+    Raises:
+        BrokerError, KeyServiceError: the use could not be recorded (nothing is read).
+    """
+    s = settings
+    keys = s.audit_key or s.audit_keyring_file or s.audit_kms_key_id
+    signing = s.audit_signing_key_file or s.audit_signing_kms_key_id
+    missing = [
+        name
+        for name, ok in (
+            ("KAFKA_BOOTSTRAP", bool(s.kafka_bootstrap)),
+            ("AUDIT_KEY, AUDIT_KEYRING_FILE or AUDIT_KMS_KEY_ID", bool(keys)),
+            ("AUDIT_SIGNING_KEY_FILE or AUDIT_SIGNING_KMS_KEY_ID", bool(signing)),
+        )
+        if not ok
+    ]
+    if missing:
+        print(f"note: this {verb} is not recorded in the trail (no {missing[0]})", file=sys.stderr)
+        return
+    from ingest.audit.publish import open_audit
+    from ingest.source.kafka import Publisher, make_producer
+
+    when = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    who = f"audit-{verb}.{getpass.getuser()}@{socket.gethostname()}.{when}"
+    s = dataclasses.replace(settings, worker_id=who, audit_spool_dir=None)
+    where = await anyio.Path(file).absolute() if file else None
+    source = f"file://{where}" if where else f"kafka://{s.kafka_bootstrap}/{s.audit_topic}"
+    producer = make_producer(s)
+    await producer.start()
+    try:
+        async with open_audit(s, Publisher(producer, s)) as audit:
+            await audit.record(
+                AuditEvent("audit_log.used", "success", "", source, None, None, reason=verb)
+            )
+    finally:
+        await producer.stop()
 
 
 async def _messages(settings: Settings, file: Path | None) -> Export:

@@ -14,6 +14,9 @@ has the table):
 - ``notification.dead_lettered``  110107 Import, outcome 8, the Kafka record.
 - ``application.start`` / ``.stop``  EventID 110100 Application Activity, action E,
                              EventTypeCode 110120 Application Start / 110121 Stop.
+- ``audit_log.used``        EventID 110101 Audit Log Used, action R: ``audit export``
+                             or ``decrypt`` read the trail (``key``: its URI,
+                             ``reason``: the verb); the log is a Security Resource.
 
 Participant objects: the patient (type 1 person, role 1 patient, RFC 3881
 ParticipantObjectIDTypeCode 2 Patient Number: the Patient ID, as IHE ATNA expects;
@@ -40,6 +43,7 @@ _EVENTS: Final[dict[str, tuple[str, str, str, str | None]]] = {
     "notification.dead_lettered": ("110107", "Import", "C", None),
     "application.start": ("110100", "Application Activity", "E", "110120"),
     "application.stop": ("110100", "Application Activity", "E", "110121"),
+    "audit_log.used": ("110101", "Audit Log Used", "R", None),
 }
 EVENTS: Final = frozenset(_EVENTS)
 _TYPE_NAMES: Final = {"110120": "Application Start", "110121": "Application Stop"}
@@ -76,7 +80,7 @@ def audit_message(
     }
     if type_code is not None:
         ident["EventTypeCode"] = [coded(type_code, _TYPE_NAMES[type_code])]
-    if record.get("reason"):
+    if record.get("reason") and record["outcome"] != "success":
         ident["EventOutcomeDescription"] = f"{record['reason']}: {record.get('error') or ''}"
     worker = {
         "UserID": me.worker,
@@ -86,7 +90,7 @@ def audit_message(
         "NetworkAccessPointTypeCode": "1",  # machine name
         "RoleIDCode": [coded("110152", "Destination Role ID")],
     }
-    if event.startswith("application."):
+    if event.startswith(("application.", "audit_log.")):
         worker["RoleIDCode"] = [coded("110150", "Application")]
     active = [worker]
     if event == "object.processed":
@@ -140,7 +144,7 @@ def _objects(record: dict[str, Any]) -> list[dict[str, Any]]:
                 ]
             }
         objects.append(study)
-    if record.get("bucket"):
+    if record.get("bucket") and record["event"] != "audit_log.used":
         details = [
             {"type": "Bucket", "value": record["bucket"]},
             {"type": "Key", "value": record["key"]},
@@ -155,6 +159,16 @@ def _objects(record: dict[str, Any]) -> list[dict[str, Any]]:
                 "ParticipantObjectTypeCodeRole": "3",
                 "ParticipantObjectIDTypeCode": coded("12", "URI", RFC3881),
                 "ParticipantObjectDetail": details,
+            }
+        )
+    if record["event"] == "audit_log.used":
+        objects.append(
+            {
+                "ParticipantObjectID": record["key"],
+                "ParticipantObjectTypeCode": "2",
+                "ParticipantObjectTypeCodeRole": "13",  # security resource
+                "ParticipantObjectIDTypeCode": coded("12", "URI", RFC3881),
+                "ParticipantObjectDetail": [{"type": "Use", "value": record.get("reason")}],
             }
         )
     for output in record.get("outputs") or ():

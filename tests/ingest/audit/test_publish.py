@@ -81,6 +81,19 @@ def test_worker_trail_verifies_and_exports_from_the_topic(
     assert "verified: no break" in out
     export = tmp_path / "trail.jsonl"
     assert cli(monkeypatch, ["audit", "export", "--out", str(export)]) == 0
+    # the export recorded itself first (110101 Audit Log Used): a trail of its own, signed
+    # with the site key, that verifies with the workers'
+    capsys.readouterr()
+    assert cli(monkeypatch, ["audit", "decrypt"]) == 0
+    used = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    uses = [r for r in used if r["event"] == "audit_log.used"]
+    (record,) = [r for r in uses if r["worker"].startswith("audit-export.")]
+    assert record["key"] == f"kafka://{env['DICOM_INGEST_KAFKA_BOOTSTRAP']}/{names.audit_topic}"
+    ident = record["dicom_audit"]["EventIdentification"]
+    assert (ident["EventID"]["code"], ident["EventActionCode"]) == ("110101", "R")
+    assert len(uses) == 2  # and the decrypt's own
+    assert cli(monkeypatch, ["audit", "verify", "--public-key", f"{signing}.pub"]) == 0
+    assert "3 trails (3 signed)" in capsys.readouterr().out
     monkeypatch.delenv("DICOM_INGEST_AUDIT_KEYRING_FILE")
     monkeypatch.delenv("DICOM_INGEST_KAFKA_BOOTSTRAP")
     capsys.readouterr()
