@@ -350,7 +350,7 @@ class _Trail:
         self.heads: dict[int, str] = {}
         self.trusted: list[tuple[_Item, Digest]] = []
         self.digest_hashes: set[str] = {base.signed_sha256} if base else set()
-        self.final: Digest | None = None
+        self.final: Digest | None = base if base is not None and base.body["final"] else None
 
     def find(self, item: _Item | int, kind: str, detail: str) -> None:
         pos = item.position if isinstance(item, _Item) else item
@@ -361,10 +361,11 @@ class _Trail:
         return self.items[0].position
 
     def prev_trail(self) -> str | None:
-        """The previous trail its digests name (None: no digest read)."""
+        """The previous trail its first digest by a trusted key names (None: no such digest)."""
         for item in self.items:
-            if item.digest is not None and item.digest.valid:
-                return str(item.digest.body["prev_trail"])
+            d = item.digest
+            if d is not None and d.valid and self.ctx.trusts(d.public_key, None):
+                return str(d.body["prev_trail"])
         return None
 
     def check(self) -> None:

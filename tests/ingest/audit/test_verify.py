@@ -42,7 +42,7 @@ from ingest.audit.records import (
 )
 from ingest.audit.spool import TrailState
 from ingest.audit.store import Stored, write_export
-from ingest.audit.verify import object_records, unwrap_all, verify_trail
+from ingest.audit.verify import Checkpoint, object_records, unwrap_all, verify_trail
 from ingest.cli import make_parser
 from ingest.errors import BrokerRejected, ConfigError
 from ingest.settings import load_settings
@@ -765,6 +765,23 @@ async def test_retention_verifies_from_a_checkpoint(
     tampered = [m for i, m in enumerate(kept) if i != len(kept) - 3]
     file = export(tmp_path, tampered, "tampered.jsonl")
     assert await verify_cli(monkeypatch, file, "--checkpoint", str(checkpoint)) == 1
+
+
+async def test_a_forged_digest_cannot_move_a_later_trail_behind_the_checkpoint(
+    keyring: Path, tmp_path: Path
+) -> None:
+    a, b, c = await restarts(keyring, tmp_path, 3)
+    checkpoint = Checkpoint((await opened(a + b, keyring)).latest)
+    assert (await opened(c, keyring, checkpoint=checkpoint)).ok
+    cut = [m for i, m in enumerate(c) if i != _record_positions(c)[2]]  # a record of c gone
+    # a digest in the (unchecked) trail before the checkpoint naming c as its predecessor
+    mallory = DigestSigner(
+        LocalSigner(Ed25519PrivateKey.generate()), "w1", json.loads(a[1])["trail"],
+        Previous(json.loads(c[1])["trail"]),
+    )  # fmt: skip
+    forged = await mallory.sign(0, "0" * 64, "0" * 64, "2026-01-01T00:00:00Z")
+    report = await opened([forged, *a, *b, *cut], keyring, checkpoint=checkpoint)
+    assert "deleted" in kinds(report)  # c is still checked
 
 
 async def test_an_export_missing_messages_against_its_header_fails(
