@@ -43,6 +43,8 @@ def write_site_key(path: Path) -> Path:
     )
     path.with_name(path.name + ".pub").write_bytes(public)
     return path
+
+
 OK = AuditEvent(
     "object.processed", "success", "scans", "ct/1.dcm", '"abc"', "v1",
     study_instance_uid="1.2.3", series_instance_uid="1.2.3.4", sop_instance_uid="1.2.3.4.5",
