@@ -33,6 +33,7 @@ __all__ = [
     "load_settings",
     "parse_setting",
     "parse_window",
+    "plaintext",
     "setting_names",
 ]
 
@@ -151,21 +152,29 @@ def _check_production(s: Settings) -> None:
         )
 
 
+def plaintext(s: Settings) -> list[str]:
+    """The connections the settings ask for without TLS, each named by its variable."""
+    found = []
+    if s.kafka_security_protocol not in ("SSL", "SASL_SSL"):
+        plain: str = s.kafka_security_protocol
+        if plain == "SASL_PLAINTEXT" and s.kafka_sasl_mechanism == "PLAIN":
+            plain += " with SASL PLAIN (the password in the clear)"
+        found.append(f"{PREFIX}KAFKA_SECURITY_PROTOCOL: {plain} is plaintext")
+    for name in ("s3_endpoint_url", "audit_kms_endpoint_url"):
+        url = getattr(s, name)
+        if url is not None and not url.lower().startswith("https://"):
+            found.append(f"{PREFIX}{name.upper()}: http is plaintext")
+    return found
+
+
 def check_tls(s: Settings) -> None:
     """``REQUIRE_TLS``: no plaintext Kafka (SASL PLAIN included) and no http endpoints.
 
     Raises:
         ConfigError: the first plaintext connection the settings ask for.
     """
-    if s.kafka_security_protocol not in ("SSL", "SASL_SSL"):
-        raise ConfigError(
-            f"{PREFIX}KAFKA_SECURITY_PROTOCOL: {s.kafka_security_protocol} is plaintext "
-            "(REQUIRE_TLS: SSL or SASL_SSL)"
-        )
-    for name in ("s3_endpoint_url", "audit_kms_endpoint_url"):
-        url = getattr(s, name)
-        if url is not None and not url.lower().startswith("https://"):
-            raise ConfigError(f"{PREFIX}{name.upper()}: http is plaintext (REQUIRE_TLS: https)")
+    for problem in plaintext(s)[:1]:
+        raise ConfigError(f"{problem} (REQUIRE_TLS: SSL or SASL_SSL, and https)")
 
 
 def setting_names() -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ingest.errors import ConfigError
-from ingest.settings import load_settings, parse_window
+from ingest.settings import load_settings, parse_window, plaintext
 
 KEY = base64.b64encode(b"k" * 32).decode()
 BASE = {
@@ -137,3 +137,16 @@ def test_the_default_worker_id_outlives_the_process() -> None:
     import socket
 
     assert load_settings(BASE).worker_id == socket.gethostname()  # a pod's name in k8s
+
+
+def test_plaintext_connections_are_named_in_the_development_posture() -> None:
+    env = {**BASE, "DICOM_INGEST_S3_ENDPOINT_URL": "http://minio:9000"}
+    env |= {"DICOM_INGEST_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}
+    env |= {"DICOM_INGEST_KAFKA_SASL_USERNAME": "u", "DICOM_INGEST_KAFKA_SASL_PASSWORD": "p"}
+    found = plaintext(load_settings(env))  # the worker logs each at start
+    assert found == [
+        "DICOM_INGEST_KAFKA_SECURITY_PROTOCOL: SASL_PLAINTEXT with SASL PLAIN (the password in "
+        "the clear) is plaintext",
+        "DICOM_INGEST_S3_ENDPOINT_URL: http is plaintext",
+    ]
+    assert plaintext(load_settings(TLS)) == []
