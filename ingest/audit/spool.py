@@ -39,10 +39,12 @@ import stat
 from pathlib import Path
 
 import anyio
+import structlog
 
 from ingest.audit.digest import Previous
 from ingest.errors import ConfigError
 
+log = structlog.get_logger("dicom_ingest.audit")
 PAUSE_FRACTION = 0.75
 _NAME = re.compile(r"^(\d{20})\.msg$")
 
@@ -210,7 +212,9 @@ class TrailState:
         self._path = directory / "trail.json"
 
     def previous(self) -> Previous:
-        """What the last trail of this worker id left (an empty ``Previous`` for none)."""
+        """What the last trail of this worker id left (an empty ``Previous`` for none, or
+        for a file a crash left unreadable: the trail then starts a new chain, which
+        ``audit verify`` reports, rather than the worker not starting)."""
         try:
             data = json.loads(self._path.read_text())
             return Previous(
@@ -219,7 +223,8 @@ class TrailState:
         except FileNotFoundError:
             return Previous()
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"audit trail state {self._path}: {type(exc).__name__}") from None
+            log.warning("audit trail state unreadable; a new chain", error=type(exc).__name__)
+            return Previous()
 
     def save(self, now: Previous) -> None:
         """Record where the current trail got to (written aside, then renamed)."""

@@ -189,6 +189,5 @@ def test_the_trail_state_names_where_the_last_trail_got_to(tmp_path: Path) -> No
     state.save(Previous("t1", "ab" * 32, 7, "cd" * 32))
     assert state.previous() == Previous("t1", "ab" * 32, 7, "cd" * 32)
     assert (tmp_path / "trail.json").stat().st_mode & 0o777 == 0o600
-    (tmp_path / "trail.json").write_text("{")
-    with pytest.raises(ConfigError, match=r"trail\.json"):
-        state.previous()
+    (tmp_path / "trail.json").write_text("{")  # torn by a crash: a new chain, not no start
+    assert state.previous() == Previous()
