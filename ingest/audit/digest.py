@@ -333,7 +333,7 @@ class Digest:
         return int(self.body["digest_seq"])
 
 
-def _signature_ok(alg: str, public_b64: str, sig_b64: str, signed: bytes) -> bool:
+def signature_ok(alg: str, public_b64: str, sig_b64: str, signed: bytes) -> bool:
     try:
         public = base64.b64decode(public_b64, validate=True)
         sig = base64.b64decode(sig_b64, validate=True)
@@ -369,5 +369,5 @@ def read_digest(obj: dict[str, Any]) -> Digest | None:
         return None
     body = {k: v for k, v in obj.items() if k != "sig"}
     signed = canonical(body)
-    valid = _signature_ok(obj["alg"], obj["public_key"], obj["sig"], signed)
+    valid = signature_ok(obj["alg"], obj["public_key"], obj["sig"], signed)
     return Digest(obj, valid, hashlib.sha256(signed).hexdigest())

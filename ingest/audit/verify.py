@@ -43,13 +43,14 @@ import base64
 import binascii
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from ingest.audit.digest import Digest, read_digest
+from ingest.audit.digest import Digest, canonical, read_digest, signature_ok
 from ingest.audit.keys import KeySource, context
 from ingest.audit.records import (
     ENVELOPE_HEAD_ZERO,
@@ -177,6 +178,66 @@ def _parse(message: bytes) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def trail_of(message: bytes) -> tuple[str, str] | None:
+    """The (worker, trail) a record or digest belongs to; None for anything else."""
+    obj = _parse(message)
+    if obj is None:
+        return None
+    if obj.get("type") == "digest":
+        worker, trail = obj.get("worker"), obj.get("trail")
+        return (worker, trail) if isinstance(worker, str) and isinstance(trail, str) else None
+    header = _aad(obj)
+    return (header["worker"], header["trail"]) if header is not None else None
+
+
+def index_of(values: list[bytes]) -> tuple[str, list[list[Any]]]:
+    """The running hash over ``values`` and each trail's ``[worker, trail, messages]``."""
+    head, counts = bytes(32), Counter[tuple[str, str]]()
+    for value in values:
+        head = hashlib.sha256(head + hashlib.sha256(value).digest()).digest()
+        tid = trail_of(value)
+        if tid is not None:
+            counts[tid] += 1
+    return head.hex(), [[w, t, n] for (w, t), n in sorted(counts.items())]
+
+
+def check_index(
+    header: Mapping[str, Any], messages: Sequence[bytes], pinned: Iterable[str], tofu: bool
+) -> list[Finding]:
+    """What an export's header (``store.export_header``) says against its messages: its
+    hash, its trails and their counts, and its signature when it has one."""
+    at, where = len(messages), "the export's header"
+    found: list[Finding] = []
+    if "sha256" not in header:
+        return found
+    sha256, trails = index_of(list(messages))
+    signer = header.get("signer")
+    if isinstance(signer, dict):
+        body = {k: v for k, v in header.items() if k != "signer"}
+        block = {k: v for k, v in signer.items() if k != "sig"}
+        signed = canonical(body | {"signer": block})
+        alg, key, sig = (str(signer.get(k)) for k in ("alg", "public_key", "sig"))
+        if not signature_ok(alg, key, sig, signed):
+            found.append(Finding(at, where, "bad_signature", "?", "the header does not verify"))
+        elif not (key in set(pinned) or (tofu and not set(pinned))):
+            found.append(
+                Finding(at, where, "untrusted_key", "?", "the header's key is not trusted")
+            )
+    listed = {(str(w), str(t)): n for w, t, n in header.get("trails") or ()}
+    held = {(w, t): n for w, t, n in trails}
+    for (worker, trail), n in sorted(listed.items()):
+        if held.get((worker, trail), 0) < n:
+            got = held.get((worker, trail), 0)
+            detail = f"{n - got} of the {n} messages the header lists of {worker}/{trail} are gone"
+            found.append(Finding(at, where, "deleted", trail, detail))
+    extra = sorted(set(held) - set(listed))
+    for worker, trail in extra:
+        found.append(Finding(at, where, "inserted", trail, f"{worker}/{trail} is not listed"))
+    if header.get("sha256") != sha256 and not found:
+        found.append(Finding(at, where, "changed", "?", "the messages differ from its hash"))
+    return found
 
 
 def object_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ from ingest.audit.records import (
     verify_chain,
 )
 from ingest.audit.spool import TrailState
-from ingest.audit.store import Stored, write_export
+from ingest.audit.store import Stored, export_header, sign_header, write_export
 from ingest.audit.verify import Checkpoint, object_records, unwrap_all, verify_trail
 from ingest.cli import make_parser
 from ingest.errors import BrokerRejected, ConfigError
@@ -794,3 +794,32 @@ async def test_an_export_missing_messages_against_its_header_fails(
     assert await verify_cli(monkeypatch, str(path), "--no-strict") == 1
     out = capsys.readouterr().out
     assert f"the export's header counts {len(messages)} messages, the file holds" in out
+
+
+async def test_a_trail_removed_from_a_signed_export_is_found(
+    keyring: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    w1, _ = await keyring_trail(keyring, 2)
+    w2, _ = await keyring_trail(keyring, 2, worker="w2")  # its only trail: nothing names it
+    stored = [Stored(0, i, None, m) for i, m in enumerate(w1 + w2)]
+    header = await sign_header(export_header("audit", stored), site_signer())
+    path = tmp_path / "signed.jsonl"
+    write_export(path, "audit", stored, header)
+    assert await verify_cli(monkeypatch, str(path)) == 0
+    # w2's trail removed, and the header's count mended: only the signed index tells
+    lines = (await anyio.Path(path).read_text()).splitlines(keepends=True)
+    mended = json.loads(lines[0]) | {"messages": len(w1)}
+    await anyio.Path(path).write_text("".join([json.dumps(mended) + "\n", *lines[1 : len(w1) + 1]]))
+    assert await verify_cli(monkeypatch, str(path)) == 1
+    out = capsys.readouterr().out
+    assert "bad_signature at the export's header" in out  # the count was changed
+    mended["messages"] = len(w1) + len(w2)  # as signed: the signature holds, the index not
+    await anyio.Path(path).write_text("".join([json.dumps(mended) + "\n", *lines[1 : len(w1) + 1]]))
+    assert await verify_cli(monkeypatch, str(path)) == 1
+    out = capsys.readouterr().out
+    w2_trail = json.loads(w2[1])["trail"]
+    assert f"the header lists of w2/{w2_trail} are gone" in out
+    # an unsigned index is said to be so
+    write_export(path, "audit", stored)
+    assert await verify_cli(monkeypatch, str(path)) == 0
+    assert "WARNING: unsigned at the export's header" in capsys.readouterr().out
