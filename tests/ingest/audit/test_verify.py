@@ -44,12 +44,13 @@ from ingest.audit.spool import TrailState
 from ingest.audit.store import Stored, export_header, sign_header, write_export
 from ingest.audit.verify import Checkpoint, object_records, unwrap_all, verify_trail
 from ingest.cli import make_parser
-from ingest.errors import BrokerRejected, ConfigError
+from ingest.errors import BrokerRejected, ConfigError, KeyServiceError
 from ingest.settings import load_settings
 from tests.trails import (
     DEAD,
     KEY,
     OK,
+    SITE_KEY,
     SITE_PUBLIC,
     MemoryPublisher,
     cli,
@@ -823,3 +824,29 @@ async def test_a_trail_removed_from_a_signed_export_is_found(
     write_export(path, "audit", stored)
     assert await verify_cli(monkeypatch, str(path)) == 0
     assert "WARNING: unsigned at the export's header" in capsys.readouterr().out
+
+
+class FlakySigner(LocalSigner):
+    """The site key behind a key service that refuses its second request."""
+
+    def __init__(self) -> None:
+        super().__init__(SITE_KEY)
+        self.calls = 0
+
+    async def sign(self, data: bytes) -> bytes:
+        self.calls += 1
+        if self.calls == 2:
+            raise KeyServiceError("KMS Sign: ThrottlingException")
+        return await super().sign(data)
+
+
+async def test_a_digest_the_key_service_did_not_sign_is_covered_by_the_next(
+    keyring: Path,
+) -> None:
+    signer = FlakySigner()
+    messages, _ = await keyring_trail(keyring, 5, signer=signer, audit_digest_records="2")
+    digests = [json.loads(m) for m in messages if b'"digest"' in m]
+    # the digest due after record 2 was refused: the next one, after record 3, covers 1..3
+    assert [(d["first_seq"], d["last_seq"]) for d in digests] == [(0, 0), (1, 3), (4, 5), (6, 6)]
+    report = await opened(messages, keyring)
+    assert report.ok, report.findings
