@@ -21,7 +21,8 @@ import structlog
 
 from ingest.errors import ConfigError, IngestError
 from ingest.logs import configure_logging
-from ingest.settings import SETTINGS, Settings, load_settings, setting_names
+from ingest.redact import set_log_hash_key
+from ingest.settings import SETTINGS, Settings, load_settings, plaintext, setting_names
 
 if TYPE_CHECKING:
     from ingest.worker import Worker
@@ -377,8 +378,11 @@ def _worker_command(args: argparse.Namespace) -> int:
 
     gpus = parse_gpus(args.gpus)
     settings = load_settings(config_file=args.config)
+    set_log_hash_key(settings.log_hash_key or None)
     tty = settings.log_format == "auto" and sys.stderr.isatty()  # a person reads a terminal
     configure_logging(json=not (tty or settings.log_format == "console"))
+    for connection in plaintext(settings):  # REQUIRE_TLS refuses these; say so at least
+        log.warning("plaintext connection", setting=connection)
     if args.parent_pid is not None and not die_with_parent(args.parent_pid):
         log.warning("parent gone before start; exiting", worker=settings.worker_id)
         return 0

@@ -20,13 +20,12 @@ URL paths and person names are masked whatever a caller passed.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import sys
 
 import structlog
 
-from ingest.redact import RedactFilter, redact_event
+from ingest.redact import RedactFilter, key_hash, redact_event
 
 
 class _CurrentStderr:
@@ -70,7 +69,7 @@ def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
 
 def key_digest(key: str) -> str:
     """A short stable stand-in for an object key in logs (keys may hold patient names)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    return key_hash(key)
 
 
 def bind_object(key: str, partition: tuple[str, int], offset: int) -> None:

@@ -11,13 +11,19 @@ dead-letter record's ``error``). What it does:
 - fields named after a secret (keys, passwords, tokens, credentials,
   signatures, authorization, cookies) are replaced by ``[secret]``;
 - ``key`` / ``object_key`` / ``source_key`` values that are not already a
-  ``key_digest`` are hashed: object keys may hold patient names;
+  ``key_hash`` are hashed: object keys may hold patient names;
 - in every string: presigned URL signatures, credentials and security tokens
   (``X-Amz-Signature=...`` and the like), ``Authorization`` headers, the path
   and query of any URL and the key of any ``s3://`` URI (hashed: they hold
-  object keys), DICOM person names (``FAMILY^GIVEN``), and the value after a
-  patient attribute's keyword or tag (``PatientName='...'``, ``(0010,0010)``)
-  are masked.
+  object keys), DICOM person names (``FAMILY^GIVEN``), the value after a
+  patient attribute's keyword or tag (``PatientName='...'``, ``(0010,0010)``),
+  and the value of any data element as pydicom prints one
+  (``(0010,0020) Patient ID  LO: 'X'``) are masked.
+
+Hashes are keyed (``key_hash``: HMAC-SHA-256 under the deployment's
+``LOG_HASH_KEY``, else a key made for this process), so a reader of the logs
+cannot try the few million candidates of a structured key (a record number, a
+date) against them; a holder of the key can still find one object's lines.
 
 It is a net under the rule that code never logs header values or raw keys,
 not a replacement for it: a free-text value with no marker cannot be told
@@ -27,7 +33,9 @@ from any other text.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
+import os
 import re
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Final
@@ -97,6 +105,11 @@ _PATTERNS: Final = (
 _URL = re.compile(r"\b(https?://[^/\s\"'?#]+)(/[^\s\"'<>]*)?")
 _S3_URI = re.compile(r"\bs3://([^/\s\"']+)/([^\s\"'<>]*)")
 _PERSON_NAME = re.compile(r"[A-Za-z0-9'.-]+(?:\^[A-Za-z0-9'. -]*)+")
+# A data element as pydicom's str() and repr() print it: "(0010,0020) Patient ID  LO: 'X'"
+_ELEMENT = re.compile(
+    r"(\([0-9A-Fa-f]{4},\s?[0-9A-Fa-f]{4}\)[^:\n]{0,80}?\s[A-Z]{2}:\s*)"
+    r"(?:'[^'\n]*'|\"[^\"\n]*\"|\[[^\]\n]*\]|[^\s,;]+)"
+)
 _PHI_KEYWORD = re.compile(
     r"(?i)(?<!\w)(Patient(?:Name|ID|BirthDate|Address|Sex|Age|TelephoneNumbers|Comments)|"
     r"OtherPatient(?:IDs|Names)|AccessionNumber|ImageComments|StudyDescription|"
@@ -105,8 +118,23 @@ _PHI_KEYWORD = re.compile(
 )
 
 
-def _hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+_hash_key = os.urandom(32)  # this process's, until ``set_log_hash_key``
+
+
+def set_log_hash_key(key: bytes | None) -> None:
+    """Key every later hash with the deployment's secret (None: a key for this process)."""
+    global _hash_key
+    _hash_key = key or os.urandom(32)
+
+
+def key_hash(text: str) -> str:
+    """A short stable stand-in for an object key (or path) in logs: 16 hex digits of its
+    HMAC-SHA-256 under the log hash key."""
+    data = text.encode("utf-8", "surrogatepass")
+    return hmac.new(_hash_key, data, hashlib.sha256).hexdigest()[:16]
+
+
+_hash = key_hash
 
 
 def _path(path: str | None) -> str:
@@ -119,6 +147,7 @@ def scrub_text(text: str) -> str:
         text = pattern.sub(replacement, text)
     text = _URL.sub(lambda m: m.group(1) + _path(m.group(2)), text)
     text = _S3_URI.sub(lambda m: f"s3://{m.group(1)}/<{_hash(m.group(2))}>", text)
+    text = _ELEMENT.sub(lambda m: f"{m.group(1)}[phi]", text)
     text = _PHI_KEYWORD.sub(lambda m: f"{m.group(1)}{m.group(2)}[phi]", text)
     return _PERSON_NAME.sub("[phi]", text)
 

@@ -1,5 +1,5 @@
-"""The audit trail's test material: a key, two events, an in-memory publisher, and the
-command line and settings as the audit tests call them."""
+"""The audit trail's test material: a key, a site signing key, two events, an in-memory
+publisher, and the command line and settings as the audit tests call them."""
 
 from __future__ import annotations
 
@@ -9,12 +9,42 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ingest.audit.digest import LocalSigner, public_key_text
 from ingest.audit.records import AuditEvent
 from ingest.cli import main
 from ingest.settings import load_settings
 
 KEY = bytes(range(32))
+# The site's digest signing key (AUDIT_SIGNING_KEY_FILE's), and its public half as pinned
+SITE_KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32, 64)))
+SITE_PUBLIC = public_key_text(
+    SITE_KEY.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+)
+
+
+def site_signer() -> LocalSigner:
+    return LocalSigner(SITE_KEY)
+
+
+def write_site_key(path: Path) -> Path:
+    """The site key as ``audit keygen --signing-key`` writes it (mode 600, ``.pub`` beside)."""
+    pem = SITE_KEY.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    path.write_bytes(pem)
+    path.chmod(0o600)
+    public = SITE_KEY.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    path.with_name(path.name + ".pub").write_bytes(public)
+    return path
+
+
 OK = AuditEvent(
     "object.processed", "success", "scans", "ct/1.dcm", '"abc"', "v1",
     study_instance_uid="1.2.3", series_instance_uid="1.2.3.4", sop_instance_uid="1.2.3.4.5",

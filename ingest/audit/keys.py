@@ -26,6 +26,7 @@ import binascii
 import json
 import os
 import stat
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -159,27 +160,31 @@ def write_keyring(path: Path, rotate: bool = False) -> str:
         "current": name,
         "keys": {k: base64.b64encode(v).decode() for k, v in keys.items()},
     }
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(body, out, indent=1)
-    os.replace(tmp, path)
+    # a private temporary file of a fresh name (mkstemp: O_EXCL, mode 600), never a fixed
+    # name that someone could have created, or pointed elsewhere with a symlink, before us
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(body, out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return name
 
 
-class KmsKeys:
-    """Data keys from AWS KMS. ``key_id`` is needed to make keys, not to unwrap them."""
+class KmsClient:
+    """One aiobotocore KMS client, opened on first use (standard credential chain)."""
 
-    def __init__(
-        self, key_id: str | None, endpoint_url: str | None, ca_bundle: str | None = None
-    ) -> None:
-        self._key_id = key_id
+    def __init__(self, endpoint_url: str | None, ca_bundle: str | None = None) -> None:
         self._endpoint = endpoint_url
         self._verify = ca_bundle
         self._client: Any = None
         self._exit: Any = None
 
-    async def _kms(self) -> Any:
+    async def client(self) -> Any:
         if self._client is None:
             from aiobotocore.config import AioConfig
             from aiobotocore.session import get_session
@@ -192,35 +197,65 @@ class KmsKeys:
             self._exit = creator.__aexit__
         return self._client
 
-    async def new_data_key(self, ctx: Mapping[str, str]) -> DataKey:
-        if not self._key_id:
-            raise ConfigError("DICOM_INGEST_AUDIT_KMS_KEY_ID: needed to make data keys")
-        kms = await self._kms()
-        try:
-            answer = await kms.generate_data_key(
-                KeyId=self._key_id, KeySpec="AES_256", EncryptionContext=dict(ctx)
-            )
-        except Exception as exc:
-            raise _translate(exc, "GenerateDataKey") from exc
-        return DataKey(
-            str(answer["KeyId"]), bytes(answer["Plaintext"]), bytes(answer["CiphertextBlob"])
-        )
-
-    async def unwrap(self, kid: str, edk: bytes, ctx: Mapping[str, str]) -> bytes:
-        kms = await self._kms()
-        try:
-            answer = await kms.decrypt(CiphertextBlob=edk, EncryptionContext=dict(ctx), KeyId=kid)
-        except Exception as exc:
-            raise _translate(exc, "Decrypt") from exc
-        return bytes(answer["Plaintext"])
-
     async def aclose(self) -> None:
         if self._exit is not None:
             exit_, self._exit, self._client = self._exit, None, None
             await exit_(None, None, None)
 
 
-def _translate(exc: Exception, what: str) -> KeyServiceError:
+class KmsKeys:
+    """Data keys from AWS KMS. ``key_id`` is needed to make keys, not to unwrap them."""
+
+    def __init__(
+        self, key_id: str | None, endpoint_url: str | None, ca_bundle: str | None = None
+    ) -> None:
+        self._key_id = key_id
+        self._kms = KmsClient(endpoint_url, ca_bundle)
+
+    async def new_data_key(self, ctx: Mapping[str, str]) -> DataKey:
+        if not self._key_id:
+            raise ConfigError("DICOM_INGEST_AUDIT_KMS_KEY_ID: needed to make data keys")
+        kms = await self._kms.client()
+        try:
+            answer = await kms.generate_data_key(
+                KeyId=self._key_id, KeySpec="AES_256", EncryptionContext=dict(ctx)
+            )
+        except Exception as exc:
+            raise translate_kms_error(exc, "GenerateDataKey") from exc
+        return DataKey(
+            str(answer["KeyId"]), bytes(answer["Plaintext"]), bytes(answer["CiphertextBlob"])
+        )
+
+    async def unwrap(self, kid: str, edk: bytes, ctx: Mapping[str, str]) -> bytes:
+        kms = await self._kms.client()
+        try:
+            answer = await kms.decrypt(CiphertextBlob=edk, EncryptionContext=dict(ctx), KeyId=kid)
+        except Exception as exc:
+            raise translate_kms_error(exc, "Decrypt") from exc
+        return bytes(answer["Plaintext"])
+
+    async def aclose(self) -> None:
+        await self._kms.aclose()
+
+
+async def kms_public_key(kms: KmsClient, key_id: str) -> tuple[str, bytes]:
+    """The ARN and DER public key of an asymmetric KMS signing key (ECC_NIST_P256).
+
+    Raises:
+        KeyRefused: KMS refused, or the key is no ECC_NIST_P256 SIGN_VERIFY key.
+        KeyServiceError: KMS did not answer.
+    """
+    try:
+        answer = await (await kms.client()).get_public_key(KeyId=key_id)
+    except Exception as exc:
+        raise translate_kms_error(exc, "GetPublicKey") from exc
+    spec = answer.get("KeySpec") or answer.get("CustomerMasterKeySpec")
+    if spec != "ECC_NIST_P256" or answer.get("KeyUsage") != "SIGN_VERIFY":
+        raise KeyRefused(f"KMS key {key_id}: not an ECC_NIST_P256 SIGN_VERIFY key ({spec})")
+    return str(answer["KeyId"]), bytes(answer["PublicKey"])
+
+
+def translate_kms_error(exc: Exception, what: str) -> KeyServiceError:
     """botocore's errors, as ours; the message names the code, never key material."""
     from botocore.exceptions import BotoCoreError, ClientError
 

@@ -14,14 +14,18 @@ has the table):
 - ``notification.dead_lettered``  110107 Import, outcome 8, the Kafka record.
 - ``application.start`` / ``.stop``  EventID 110100 Application Activity, action E,
                              EventTypeCode 110120 Application Start / 110121 Stop.
+- ``audit_log.used``        EventID 110101 Audit Log Used, action R: ``audit export``
+                             or ``decrypt`` read the trail (``key``: its URI,
+                             ``reason``: the verb); the log is a Security Resource.
 
-Participant objects: the study (ParticipantObjectIDTypeCode 110180 Study Instance
-UID, type 2 system object, role 3 report) with the SOP instance in
-``ParticipantObjectDescription.SOPClass.Instance`` (where A.5 puts instance UIDs)
+Participant objects: the patient (type 1 person, role 1 patient, RFC 3881
+ParticipantObjectIDTypeCode 2 Patient Number: the Patient ID, as IHE ATNA expects;
+the record is encrypted, and no name is kept), the study (ParticipantObjectIDTypeCode
+110180 Study Instance UID, type 2 system object, role 3 report) with the SOP class
+and instance in ``ParticipantObjectDescription.SOPClass`` (where A.5 puts them)
 and the series UID as a ``ParticipantObjectDetail``; the S3 object as a URI
 (RFC 3881 ParticipantObjectIDTypeCode 12) with its bucket, key, version and ETag
-as details. Patient participants are left out on purpose: the worker keeps no
-patient identifiers anywhere (a study UID finds the patient in the archive).
+as details.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ _EVENTS: Final[dict[str, tuple[str, str, str, str | None]]] = {
     "notification.dead_lettered": ("110107", "Import", "C", None),
     "application.start": ("110100", "Application Activity", "E", "110120"),
     "application.stop": ("110100", "Application Activity", "E", "110121"),
+    "audit_log.used": ("110101", "Audit Log Used", "R", None),
 }
 EVENTS: Final = frozenset(_EVENTS)
 _TYPE_NAMES: Final = {"110120": "Application Start", "110121": "Application Stop"}
@@ -75,7 +80,7 @@ def audit_message(
     }
     if type_code is not None:
         ident["EventTypeCode"] = [coded(type_code, _TYPE_NAMES[type_code])]
-    if record.get("reason"):
+    if record.get("reason") and record["outcome"] != "success":
         ident["EventOutcomeDescription"] = f"{record['reason']}: {record.get('error') or ''}"
     worker = {
         "UserID": me.worker,
@@ -85,7 +90,7 @@ def audit_message(
         "NetworkAccessPointTypeCode": "1",  # machine name
         "RoleIDCode": [coded("110152", "Destination Role ID")],
     }
-    if event.startswith("application."):
+    if event.startswith(("application.", "audit_log.")):
         worker["RoleIDCode"] = [coded("110150", "Application")]
     active = [worker]
     if event == "object.processed":
@@ -107,6 +112,15 @@ def audit_message(
 
 def _objects(record: dict[str, Any]) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
+    if record.get("patient_id"):
+        objects.append(
+            {
+                "ParticipantObjectID": record["patient_id"],
+                "ParticipantObjectTypeCode": "1",  # person
+                "ParticipantObjectTypeCodeRole": "1",  # patient
+                "ParticipantObjectIDTypeCode": coded("2", "Patient Number", RFC3881),
+            }
+        )
     if record.get("study_instance_uid"):
         study: dict[str, Any] = {
             "ParticipantObjectID": record["study_instance_uid"],
@@ -130,7 +144,7 @@ def _objects(record: dict[str, Any]) -> list[dict[str, Any]]:
                 ]
             }
         objects.append(study)
-    if record.get("bucket"):
+    if record.get("bucket") and record["event"] != "audit_log.used":
         details = [
             {"type": "Bucket", "value": record["bucket"]},
             {"type": "Key", "value": record["key"]},
@@ -145,6 +159,16 @@ def _objects(record: dict[str, Any]) -> list[dict[str, Any]]:
                 "ParticipantObjectTypeCodeRole": "3",
                 "ParticipantObjectIDTypeCode": coded("12", "URI", RFC3881),
                 "ParticipantObjectDetail": details,
+            }
+        )
+    if record["event"] == "audit_log.used":
+        objects.append(
+            {
+                "ParticipantObjectID": record["key"],
+                "ParticipantObjectTypeCode": "2",
+                "ParticipantObjectTypeCodeRole": "13",  # security resource
+                "ParticipantObjectIDTypeCode": coded("12", "URI", RFC3881),
+                "ParticipantObjectDetail": [{"type": "Use", "value": record.get("reason")}],
             }
         )
     for output in record.get("outputs") or ():

@@ -17,9 +17,13 @@ later, in order. Only then may the worker commit the offset.
 Under the sealing lock the publisher rotates data keys (``keys.py``: after
 ``audit_rotate_records`` records or ``audit_rotate_s`` seconds) and signs
 digests of the chain head (``digest.py``: every ``audit_digest_records``
-records, every ``audit_digest_s`` seconds from ``run``, and at stop). A
-trail opens with an ``application.start`` record announcing its digest key
-and closes with ``application.stop`` and a final digest.
+records, every ``audit_digest_s`` seconds from ``run`` even when no record
+came, a heartbeat, and a final one at stop). A trail opens with an
+``application.start`` record naming the worker's previous trail (and a
+trail-made digest key, when the site gave none) and closes with
+``application.stop`` and the final digest. With a spool, each acknowledged
+group moves the worker id's ``trail.json`` (``spool.TrailState``) on, which
+the next trail of the worker id continues from.
 """
 
 from __future__ import annotations
@@ -33,12 +37,20 @@ from datetime import UTC, datetime
 import anyio
 import structlog
 from anyio.abc import TaskStatus
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ingest.audit.digest import DigestSigner, load_signing_key
-from ingest.audit.keys import KeySource, context, key_source
+from ingest.audit.digest import (
+    DigestSigner,
+    KmsSigner,
+    LocalSigner,
+    Previous,
+    Signer,
+    load_signing_key,
+)
+from ingest.audit.keys import KeySource, KmsClient, context, key_source, kms_public_key
 from ingest.audit.records import AuditEvent, AuditTrail
-from ingest.audit.spool import Spool
-from ingest.errors import IngestError
+from ingest.audit.spool import Spool, TrailState, orphans
+from ingest.errors import IngestError, KeyServiceError
 from ingest.settings import Settings
 from ingest.source.kafka import Publisher, make_producer
 
@@ -71,6 +83,8 @@ class AuditPublisher:
         signer: DigestSigner | None = None,
         settings: Settings | None = None,
         spool: Spool | None = None,
+        state: TrailState | None = None,
+        orphaned: list[Spool] | None = None,
     ) -> None:
         self._trail = trail
         self._publisher = publisher
@@ -79,6 +93,11 @@ class AuditPublisher:
         self._seal_lock = anyio.Lock()  # the chain's order
         self._send_lock = anyio.Lock()  # one group on its way at a time
         self._queued: list[bytes] = []  # sealed, not yet acknowledged, in chain order
+        # per queued message: (seq, envelope head) of a record, or the hash of a digest
+        self._marks: list[tuple[int, str] | str] = []
+        self._state = state
+        self._acked = Previous(trail.trail)  # how far this trail was acknowledged
+        self._orphans = list(orphaned or ())
         self._acked_total = 0  # messages acknowledged so far (by the topic or the spool)
         self._keys = keys
         self._signer = signer
@@ -111,25 +130,31 @@ class AuditPublisher:
                 ctx = context(self._trail.worker, self._trail.trail)
                 self._trail.install(await self._keys.new_data_key(ctx))
                 self.rotations += 1
-            through = self._queue(self._trail.seal(event))
+            message = self._trail.seal(event)
+            last_seq, _, head = self._trail.head
+            through = self._queue(message, (last_seq, head))
             if self._signer is not None:
                 uncovered = self._trail.next_seq - self._signer.covered
                 if uncovered >= self._digest_every[0]:
-                    through = self._queue(self._sign())
+                    try:
+                        through = await self._sign()
+                    except KeyServiceError as exc:  # KMS away: the next digest covers these
+                        log.warning("audit digest not signed yet", error=type(exc).__name__)
         await self._flush(through)
 
-    async def digest(self) -> None:
-        """Sign the chain head now, if records came since the last digest, and send what
-        is queued."""
+    async def digest(self, *, final: bool = False) -> None:
+        """Sign the chain head now (a heartbeat when no record came since the last
+        digest; ``final`` at stop), and send what is queued."""
         async with self._seal_lock:
-            if self._signer is not None and self._trail.next_seq > self._signer.covered:
-                self._queue(self._sign())
+            if self._signer is not None and not self._signer.finished:
+                await self._sign(final)
             through = self._acked_total + len(self._queued)
         await self._flush(through)
 
-    def _queue(self, message: bytes) -> int:
+    def _queue(self, message: bytes, mark: tuple[int, str] | str) -> int:
         """Queue a sealed message; returns how many were ever queued, it included."""
         self._queued.append(message)
+        self._marks.append(mark)
         return self._acked_total + len(self._queued)
 
     async def _flush(self, through: int) -> None:
@@ -140,13 +165,29 @@ class AuditPublisher:
             while self._acked_total < through:
                 group = self._queued[:MAX_GROUP]
                 await self._send_all(group)
-                del self._queued[: len(group)]
+                marks = self._marks[: len(group)]
+                del self._queued[: len(group)], self._marks[: len(group)]
                 self._acked_total += len(group)
+                self._acknowledged(marks)
 
-    def _sign(self) -> bytes:
+    def _acknowledged(self, marks: list[tuple[int, str] | str]) -> None:
+        """Move ``trail.json`` on past an acknowledged group."""
+        acked = self._acked
+        for mark in marks:
+            if isinstance(mark, str):
+                acked = dataclasses.replace(acked, digest=mark)
+            else:
+                acked = dataclasses.replace(acked, seq=mark[0], head=mark[1])
+        self._acked = acked
+        if self._state is not None:
+            self._state.save(acked)
+
+    async def _sign(self, final: bool = False) -> int:
+        """Queue a digest of the chain head (under the seal lock); as ``_queue``."""
         assert self._signer is not None
         last_seq, chain_head, envelope_head = self._trail.head
-        return self._signer.sign(last_seq, chain_head, envelope_head, _now())
+        message = await self._signer.sign(last_seq, chain_head, envelope_head, _now(), final)
+        return self._queue(message, self._signer.last_digest)
 
     async def _send_all(self, messages: list[bytes]) -> None:
         """Hand every message over in order (under the send lock) and wait for each."""
@@ -188,32 +229,45 @@ class AuditPublisher:
 
     async def _forwarder(self) -> None:
         assert self._spool is not None
+        for orphan in self._orphans:  # other worker ids' spools that no process holds
+            while len(orphan):
+                await self._forward_one(orphan, orphan.name.encode())
+            orphan.let_go()
+            log.info("audit spool of another worker id forwarded", spool=orphan.name)
         while True:
-            message = await self._spool.next_to_forward()
-            with anyio.move_on_after(self._ack_timeout):
-                try:
-                    delivery = await self._publisher.enqueue(self._topic, message, self._key)
-                    await delivery
-                except Exception as exc:  # still away: try again later
-                    log.info("audit topic still unavailable", error=type(exc).__name__)
-                else:
-                    self._spool.drop_oldest()
-                    if not len(self._spool):
-                        log.info("audit spool forwarded")
-                    continue
-            await anyio.sleep(min(1.0, self._ack_timeout))
+            await self._forward_one(self._spool, self._key)
+
+    async def _forward_one(self, spool: Spool, key: bytes) -> None:
+        """Send the spool's oldest message, keyed as its worker's; wait when refused."""
+        message = await spool.next_to_forward()
+        with anyio.move_on_after(self._ack_timeout):
+            try:
+                delivery = await self._publisher.enqueue(self._topic, message, key)
+                await delivery
+            except Exception as exc:  # still away: try again later
+                log.info("audit topic still unavailable", error=type(exc).__name__)
+            else:
+                spool.drop_oldest()
+                if not len(spool):
+                    log.info("audit spool forwarded")
+                return
+        await anyio.sleep(min(1.0, self._ack_timeout))
 
     async def start(self) -> None:
-        """The trail's first record, ``application.start``, announcing the digest key."""
+        """The trail's first record, ``application.start``, naming the previous trail and
+        announcing the digest key; the trail's first digest right after it."""
         if self._signer is not None:
-            self._trail.add_to_next(signing_key=self._signer.public_key)
+            self._trail.add_to_next(
+                signing_key=self._signer.public_key, previous_trail=self._signer.previous.trail
+            )
         await self.record(_app_event("application.start"))
+        await self.digest()
 
     async def stop(self) -> None:
         """``application.stop`` and the final digest, within a bound, even when cancelled."""
         with anyio.move_on_after(STOP_TIMEOUT_S, shield=True):
             await self.record(_app_event("application.stop"))
-            await self.digest()
+            await self.digest(final=True)
 
 
 @asynccontextmanager
@@ -250,22 +304,30 @@ async def _open_audit(s: Settings, publisher: Publisher) -> AsyncIterator[AuditP
         s.audit_kms_endpoint_url,
         ca,
     )
+    signer: Signer | None = None
+    spool, orphaned = None, []
     try:
         static = s.audit_key if s.audit_key else None
         trail = AuditTrail(static, s.audit_key_id, s.worker_id, s3_endpoint=s.s3_endpoint_url)
-        signer = DigestSigner(load_signing_key(s.audit_signing_key_file), s.worker_id, trail.trail)
-        spool = None
+        state, previous = None, Previous()
         if s.audit_spool_dir is not None:
             spool = Spool(s.audit_spool_dir / s.worker_id, s.audit_spool_max_bytes)
+            state = TrailState(s.audit_spool_dir / s.worker_id)
+            previous = state.previous()
+            orphaned = orphans(s.audit_spool_dir, s.worker_id, s.audit_spool_max_bytes)
+        signer = await open_signer(s)
+        digests = DigestSigner(signer, s.worker_id, trail.trail, previous, s.audit_digest_s)
         audit = AuditPublisher(
             trail,
             publisher,
             s.audit_topic,
             s.worker_id,
             keys=keys,
-            signer=signer,
+            signer=digests,
             settings=s,
             spool=spool,
+            state=state,
+            orphaned=orphaned,
         )
         await audit.start()
         try:
@@ -273,5 +335,32 @@ async def _open_audit(s: Settings, publisher: Publisher) -> AsyncIterator[AuditP
         finally:
             await audit.stop()
     finally:
+        for held in [*orphaned, *([spool] if spool else [])]:
+            held.let_go()
         with anyio.CancelScope(shield=True):
             await keys.aclose()
+            if signer is not None:
+                await signer.aclose()
+
+
+async def open_signer(s: Settings) -> Signer:
+    """The digests' signer the settings name: a KMS key, the site's key file, or (for
+    development) a key made for this trail alone.
+
+    Raises:
+        ConfigError: the key file cannot be used.
+        KeyServiceError: KMS did not give the signing key's public half.
+    """
+    if s.audit_signing_kms_key_id:
+        ca = str(s.s3_ca_bundle) if s.s3_ca_bundle else None
+        kms = KmsClient(s.audit_kms_endpoint_url, ca)
+        try:
+            arn, public = await kms_public_key(kms, s.audit_signing_kms_key_id)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await kms.aclose()
+            raise
+        return KmsSigner(kms, arn, public)
+    if s.audit_signing_key_file is not None:
+        return LocalSigner(load_signing_key(s.audit_signing_key_file))
+    return LocalSigner(Ed25519PrivateKey.generate())

@@ -9,7 +9,8 @@ record), ``ct`` is the AES-256-GCM ciphertext with its 16-byte tag appended, and
 ``aad`` is the canonical JSON ``{"alg", "kid", "seq", "trail", "v", "worker"}`` that
 was authenticated with it, so an envelope whose fields were swapped fails to open.
 The plaintext is a canonical JSON record (keys sorted, no spaces, ASCII only) with the
-object's identity and outcome and no patient names or IDs. Records of one trail (one
+object's identity and outcome; of the patient, only the Patient ID that the DICOM audit
+message's Patient participant names (no names). Records of one trail (one
 ``AuditTrail``: a worker process, ``trail`` being random per instance so restarts do
 not collide) form a hash chain: ``seq`` counts from 0 and ``prev`` is the hex SHA-256
 of the previous record's plaintext ("" for the first), so a dropped, reordered or
@@ -46,7 +47,7 @@ import json
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -88,6 +89,8 @@ class AuditEvent:
     study_instance_uid: str | None = None
     series_instance_uid: str | None = None
     sop_instance_uid: str | None = None
+    sop_class_uid: str | None = None
+    patient_id: str | None = field(default=None, repr=False)  # sealed only, never logged
     reason: str | None = None
     error: str | None = None
     attempts: int = 1
@@ -211,10 +214,12 @@ class AuditTrail:
             raise ConfigError("audit trail has no data key yet (install one first)")
         now = self._clock()
         record = {f.name: getattr(event, f.name) for f in fields(event)}
+        patient = record.pop("patient_id")  # in the A.5 message's Patient participant only
         record |= {"v": VERSION, "worker": self._worker, "trail": self._trail, "seq": self._seq}
         record |= {"prev": self._prev, "outputs": list(event.outputs), "time": _rfc3339(now)}
         record |= self._extra
-        record["dicom_audit"] = audit_message(record, self._me, self._s3_endpoint)
+        message_of = record | {"patient_id": patient}
+        record["dicom_audit"] = audit_message(message_of, self._me, self._s3_endpoint)
         plaintext = canonical_json(record)
         head = {"v": VERSION, "alg": ALG, "kid": self._kid}
         aad = canonical_json(
@@ -263,13 +268,37 @@ def _unb64(value: object, name: str) -> bytes:
         raise _fail(f"{name} is not base64") from None
 
 
+DataKeyRef = tuple[str, str, str, str]
+"""An envelope's data key as the key service knows it: (kid, edk, worker, trail), the
+last two the encryption context; the same ``edk`` in another context is another key."""
+
+
+def data_key_ref(env: Mapping[str, Any]) -> DataKeyRef | None:
+    """The ``DataKeyRef`` of a parsed envelope with an ``edk``; None when malformed."""
+    kid, edk = env.get("kid"), env.get("edk")
+    if not isinstance(kid, str) or not isinstance(edk, str) or not isinstance(env.get("aad"), str):
+        return None
+    try:
+        header = json.loads(base64.b64decode(env["aad"], validate=True))
+    except (ValueError, binascii.Error, RecursionError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    worker, trail = header.get("worker"), header.get("trail")
+    if not isinstance(worker, str) or not isinstance(trail, str):
+        return None
+    return kid, edk, worker, trail
+
+
 def open_envelope(
-    message: bytes, keys: Mapping[str, bytes], data_keys: Mapping[str, bytes] | None = None
+    message: bytes,
+    keys: Mapping[str, bytes],
+    data_keys: Mapping[DataKeyRef, bytes] | None = None,
 ) -> dict[str, Any]:
     """Decrypt and authenticate one audit message; return its plaintext record.
 
     ``keys`` maps a static key's ``kid`` to it; ``data_keys`` maps an envelope's
-    ``edk`` (its base64 text) to the unwrapped data key (``verify.unwrap_all``).
+    ``data_key_ref`` to the unwrapped data key (``verify.unwrap_all``).
 
     Raises:
         AuditVerificationError: malformed envelope, unknown ``kid``, bad base64 or
@@ -285,10 +314,10 @@ def open_envelope(
     if type(v) is not int or v != VERSION or alg != ALG:
         raise _fail("unsupported version or algorithm")
     if "edk" in env:
-        edk = env["edk"]
-        if not isinstance(kid, str) or not isinstance(edk, str) or edk not in (data_keys or {}):
+        ref = data_key_ref(env)
+        if ref is None or ref not in (data_keys or {}):
             raise _fail("unknown data key")
-        key = (data_keys or {})[edk]
+        key = (data_keys or {})[ref]
     elif not isinstance(kid, str) or kid not in keys:
         raise _fail("unknown key id")
     else:

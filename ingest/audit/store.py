@@ -2,22 +2,31 @@
 
 The export format, for long retention (the seeds ask for six months at
 least: keep the file in object storage with Object Lock or on WORM media), is
-JSON lines: a header ``{"format": "dicom-ingest-audit-export", "v": 1, "topic",
-"exported_at", "messages"}`` and then one line per message, in stored order,
-``{"partition", "offset", "timestamp", "value"}`` with ``value`` the message as
-it was on the topic (UTF-8 JSON text). ``audit verify --file`` checks a file as
-it checks the topic: records, digests and their signatures travel inside.
+JSON lines: a header ``{"format": "dicom-ingest-audit-export", "v": 2, "topic",
+"exported_at", "messages", "sha256", "trails"}`` and then one line per message,
+in stored order, ``{"partition", "offset", "timestamp", "value"}`` with ``value``
+the message as it was on the topic (UTF-8 JSON text). ``audit verify --file``
+checks a file as it checks the topic: records, digests and their signatures
+travel inside. The header is the export's index: ``sha256`` the running hash
+``SHA-256(H || SHA-256(value))`` over the values from 64 zeros, ``trails`` each
+trail's ``[worker, trail, messages]``; with a signing key in the exporter's
+settings it is signed too (``"signer": {"alg", "key_id", "public_key", "sig"}``,
+``sig`` over the canonical JSON of the header with ``signer`` less ``sig``), so
+a trail removed from the file later shows even where no later trail names it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ingest.audit.digest import Signer, canonical
+from ingest.audit.verify import index_of
 from ingest.errors import ConfigError
 from ingest.source.kafka import read_records
 
@@ -50,29 +59,69 @@ async def read_audit_topic(
     return [Stored(r.partition, r.offset, r.timestamp, r.value) for r in records]
 
 
-def write_export(path: Path, topic: str, messages: list[Stored]) -> None:
-    """Write an export file (mode 600, then renamed into place)."""
-    header = {
+def _stored_value(m: Stored) -> str:
+    return m.value.decode("utf-8", "replace")
+
+
+def export_header(topic: str, messages: list[Stored]) -> dict[str, Any]:
+    """The header ``write_export`` writes for ``messages`` (unsigned)."""
+    sha256, trails = index_of([_stored_value(m).encode("utf-8") for m in messages])
+    return {
         "format": FORMAT,
-        "v": 1,
+        "v": 2,
         "topic": topic,
         "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "messages": len(messages),
+        "sha256": sha256,
+        "trails": trails,
     }
+
+
+async def sign_header(header: dict[str, Any], signer: Signer) -> dict[str, Any]:
+    """``header`` with its ``signer`` block.
+
+    Raises:
+        KeyServiceError: KMS did not sign.
+    """
+    block = {"alg": signer.alg, "key_id": signer.key_id, "public_key": signer.public_key}
+    signature = await signer.sign(canonical(header | {"signer": block}))
+    return header | {"signer": block | {"sig": base64.b64encode(signature).decode()}}
+
+
+def write_export(
+    path: Path, topic: str, messages: list[Stored], header: dict[str, Any] | None = None
+) -> None:
+    """Write an export file (mode 600, then renamed into place); ``header`` as
+    ``export_header`` (or ``sign_header``) made it, else an unsigned one."""
+    header = header if header is not None else export_header(topic, messages)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(json.dumps(header) + "\n")
         for m in messages:
             line = {"partition": m.partition, "offset": m.offset, "timestamp": m.timestamp}
-            out.write(json.dumps(line | {"value": m.value.decode("utf-8", "replace")}) + "\n")
+            out.write(json.dumps(line | {"value": _stored_value(m)}) + "\n")
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
 
 
-def read_export(path: Path) -> list[Stored]:
-    """The messages of an export file, in stored order.
+@dataclass(frozen=True, slots=True)
+class Export:
+    """An export file: its messages, and what its header says of them."""
+
+    messages: list[Stored]
+    declared: int | None  # the header's count of messages
+    exported_at: datetime | None
+    header: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.declared == len(self.messages)
+
+
+def read_export(path: Path) -> Export:
+    """The messages of an export file, in stored order, with its header's count and time.
 
     Raises:
         ConfigError: not an export file (a line that is not what ``write_export`` writes).
@@ -89,4 +138,9 @@ def read_export(path: Path) -> list[Stored]:
         raise ConfigError(f"audit export {path}: {type(exc).__name__}: {exc}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ConfigError(f"audit export {path}: no {FORMAT} header")
-    return out
+    declared = header.get("messages")
+    try:
+        at = datetime.fromisoformat(str(header.get("exported_at")))
+    except ValueError:
+        at = None
+    return Export(out, declared if type(declared) is int else None, at, header)

@@ -60,6 +60,9 @@ _LAST_BEFORE_PIXELS: Final = 0x7FDFFFFF  # a tag past this, before the Pixel Dat
 _DECLINED: Final = frozenset({0x00283000, 0x52009229, 0x52009230, 0x00480006, 0x00480007})
 _UID: Final = re.compile(rb"[0-9.]*")
 _CODE: Final = re.compile(rb"[A-Z0-9_ ]*")
+# One long string of printable ASCII with no padding inside or backslash: what pydicom reads
+# the same in any character set; anything else goes to pydicom
+_PLAIN_LO: Final = re.compile(rb"(?:[!-\[\]-~](?:[ -\[\]-~]{0,62}[!-\[\]-~])?)?")
 _INTEGER: Final = re.compile(rb" *[0-9]{1,9}")
 _DECIMAL: Final = re.compile(rb" *[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
 
@@ -106,10 +109,13 @@ _CONVERT: Final[dict[bytes, Callable[[bytes], object]]] = {
     b"DS": _ds,
     b"CS": _text_of(_CODE, b" \0"),
     b"UI": _text_of(_UID, b"\0 "),
+    b"LO": _text_of(_PLAIN_LO, b" "),
 }
 _WANTED: Final = {
+    0x00080016: ("SOPClassUID", b"UI"),
     0x00080018: ("SOPInstanceUID", b"UI"),
     0x00080060: ("Modality", b"CS"),
+    0x00100020: ("PatientID", b"LO"),
     0x0020000D: ("StudyInstanceUID", b"UI"),
     0x0020000E: ("SeriesInstanceUID", b"UI"),
     0x00280002: ("SamplesPerPixel", b"US"),

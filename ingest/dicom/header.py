@@ -11,7 +11,7 @@ pydicom's ``Dataset.get`` would.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from gpu.formats import OutDtype, PixelFormat, Transform
@@ -66,6 +66,9 @@ class DicomHeader:
     # the Extended Offset Table and its lengths, when an encapsulated object has them
     offset_table: tuple[bytes, bytes] | None = None
     slide: Slide | None = None  # a tiled whole-slide image's total matrix
+    # for the audit trail's DICOM audit message only (encrypted there), never logged
+    sop_class_uid: str | None = None
+    patient_id: str | None = field(default=None, repr=False)
 
     def transform(self, window: tuple[float, float] | None, out_dtype: OutDtype) -> Transform:
         """The preprocessing of this object's samples, with the worker's window and dtype."""
@@ -324,4 +327,6 @@ def header_of(
         codec=codec,
         offset_table=offset_table,
         slide=slide_of(values, pixel),
+        sop_class_uid=text(values, "SOPClassUID"),
+        patient_id=text(values, "PatientID"),
     )

@@ -192,6 +192,7 @@ async def run_demo(device: str, multiframe_mb: int, series: int) -> int:
         trail = verify_trail(  # records, digests and signatures (`audit verify`)
             await read_topic(stack.kafka.bootstrap, settings.audit_topic),
             keys={settings.audit_key_id: key},
+            trust_on_first_use=True,  # the demo's worker signs with a key of its own
         )
         audit = object_records(trail.records)  # less the application's start and stop
         _print_table(console, outcomes, worker.backend)

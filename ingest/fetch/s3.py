@@ -56,7 +56,9 @@ from ingest.retry import with_retries
 from ingest.settings import Settings
 
 T = TypeVar("T")
-PRESIGN_EXPIRES_S = 12 * 3600  # a presigned URL outlives the slowest object read with it
+# A presigned URL is a bearer credential: valid for minutes, which the slowest object read
+# with it still fits (a URL that leaks into a log or a proxy's cache is soon worthless)
+PRESIGN_EXPIRES_S = 15 * 60
 _TRANSIENT_CODES = {
     "SlowDown",
     "Throttling",

@@ -10,7 +10,7 @@ topic with fewer partitions than workers leaves the extra workers idle.
 Child ``i`` (0-based) differs from its siblings only in:
 
 - ``DICOM_INGEST_WORKER_ID`` = the parent's worker id + ``-i`` (the parent's is
-  the configured one, else ``hostname-PID`` of the parent): its own client id
+  the configured one, else the host name): its own client id
   and its own audit hash chain;
 - ``DICOM_INGEST_HEALTH_PORT`` = the configured port + ``i``, where one is set
   (the parent serves no health endpoint itself);

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import tomllib
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,11 +33,14 @@ __all__ = [
     "load_settings",
     "parse_setting",
     "parse_window",
+    "plaintext",
     "setting_names",
 ]
 
 # What the worker needs (``load_settings``' default; the `audit` and `dlq` commands ask less)
 _REQUIRED: Final = tuple(name for name, declared in SETTINGS.items() if declared.required)
+# Settings whose values are secrets (left out of ``Settings``' repr)
+_SECRETS: Final = frozenset(f.name for f in fields(Settings) if not f.repr)
 
 
 def parse_setting(name: str, raw: str) -> Any:
@@ -66,12 +71,19 @@ def load_settings(
     if config_file is not None:
         try:
             data = tomllib.loads(config_file.read_text())
+            mode = config_file.stat().st_mode
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--config {config_file}: {exc}") from exc
         for key, value in data.items():
             if key not in SETTINGS:
                 raise ConfigError(f"--config {config_file}: unknown key {key!r}")
             raw[key] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        secrets = sorted(k for k in data if k in _SECRETS)
+        if secrets and mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(
+                f"--config {config_file}: holds {', '.join(secrets)} and others may read it; "
+                "chmod 600 it"
+            )
     for key in SETTINGS:
         name = PREFIX + key.upper()
         if name in env:
@@ -81,7 +93,7 @@ def load_settings(
             raise ConfigError(f"{PREFIX}{key.upper()}: required but not set")
     values = {key: parse_setting(key, text) for key, text in raw.items()}
     if not values.get("worker_id"):
-        values["worker_id"] = f"{socket.gethostname()}-{os.getpid()}"
+        values["worker_id"] = socket.gethostname()
     settings = Settings(**values)
     _check_consistency(settings)
     if "output_url" in required:  # the worker's settings; `audit` reads a trail only
@@ -112,6 +124,57 @@ def _check_security(s: Settings) -> None:
         raise ConfigError(f"{PREFIX}KAFKA_SSL_KEYFILE: a client certificate needs its key file")
     if s.output_sse_kms_key_id and s.output_sse != "aws:kms":
         raise ConfigError(f"{PREFIX}OUTPUT_SSE_KMS_KEY_ID: needs OUTPUT_SSE=aws:kms")
+    if s.audit_signing_key_file is not None and s.audit_signing_kms_key_id:
+        raise ConfigError(
+            f"{PREFIX}AUDIT_SIGNING_KEY_FILE: set one of it and AUDIT_SIGNING_KMS_KEY_ID"
+        )
+    if s.posture == "production":
+        _check_production(s)
+    if s.require_tls or s.posture == "production":
+        check_tls(s)
+
+
+def _check_production(s: Settings) -> None:
+    """An audit trail that an auditor can trust, or no start."""
+    if s.audit_signing_key_file is None and not s.audit_signing_kms_key_id:
+        raise ConfigError(
+            f"{PREFIX}AUDIT_SIGNING_KMS_KEY_ID: POSTURE=production needs a signing key outside "
+            "the worker (AUDIT_SIGNING_KMS_KEY_ID or AUDIT_SIGNING_KEY_FILE)"
+        )
+    if s.audit_key:
+        raise ConfigError(
+            f"{PREFIX}AUDIT_KEY: POSTURE=production needs AUDIT_KMS_KEY_ID or AUDIT_KEYRING_FILE"
+        )
+    if s.audit_spool_dir is None:
+        raise ConfigError(
+            f"{PREFIX}AUDIT_SPOOL_DIR: POSTURE=production needs it (the spool, and where each "
+            "trail continues its worker's previous one)"
+        )
+
+
+def plaintext(s: Settings) -> list[str]:
+    """The connections the settings ask for without TLS, each named by its variable."""
+    found = []
+    if s.kafka_security_protocol not in ("SSL", "SASL_SSL"):
+        plain: str = s.kafka_security_protocol
+        if plain == "SASL_PLAINTEXT" and s.kafka_sasl_mechanism == "PLAIN":
+            plain += " with SASL PLAIN (the password in the clear)"
+        found.append(f"{PREFIX}KAFKA_SECURITY_PROTOCOL: {plain} is plaintext")
+    for name in ("s3_endpoint_url", "audit_kms_endpoint_url"):
+        url = getattr(s, name)
+        if url is not None and not url.lower().startswith("https://"):
+            found.append(f"{PREFIX}{name.upper()}: http is plaintext")
+    return found
+
+
+def check_tls(s: Settings) -> None:
+    """``REQUIRE_TLS``: no plaintext Kafka (SASL PLAIN included) and no http endpoints.
+
+    Raises:
+        ConfigError: the first plaintext connection the settings ask for.
+    """
+    for problem in plaintext(s)[:1]:
+        raise ConfigError(f"{problem} (REQUIRE_TLS: SSL or SASL_SSL, and https)")
 
 
 def setting_names() -> list[str]:

@@ -176,9 +176,20 @@ def _endpoint(raw: str) -> str | None:
     if not raw.strip():
         return None
     url = urlparse(raw)
+    if url.username is not None or url.password is not None:  # never echo a credential
+        raise ConfigError("expected http(s)://host:port, got a URL with a user name or password")
     if url.scheme not in ("http", "https") or not url.netloc:
         raise ConfigError(f"expected http(s)://host:port, got {raw!r}")
     return raw
+
+
+def _flag(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"expected true or false, got {raw!r}")
 
 
 def _file(raw: str) -> Path | None:
@@ -209,6 +220,7 @@ SECRET_TEXT: Final = Kind(_verbatim, "text")  # as it is, spaces included; empty
 ANY_TEXT: Final = Kind(str, "text")
 S3_URL: Final = Kind(_s3_url, "text")  # s3://bucket/prefix/, the last slash added
 ENDPOINT: Final = Kind(_endpoint, "text")  # http(s)://host:port; empty: unset
+FLAG: Final = Kind(_flag, "`true` or `false`")
 FILE: Final = Kind(_file, "path")  # an existing file; empty: unset
 FOLDER: Final = Kind(_folder, "path")  # made when it is used; empty: unset
 WINDOW: Final = Kind(parse_window, "`none` or `CENTER,WIDTH`")

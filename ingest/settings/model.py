@@ -25,6 +25,7 @@ from ingest.settings.kinds import (
     ANY_TEXT,
     ENDPOINT,
     FILE,
+    FLAG,
     FOLDER,
     METADATA,
     OPTIONAL_TEXT,
@@ -55,6 +56,7 @@ LogFormat = Literal["auto", "json", "console"]
 KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 OutputSse = Literal["none", "AES256", "aws:kms"]
+Posture = Literal["development", "production"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +188,14 @@ class Settings:
             " the CPU"
         ),
     )
-    worker_id: str = tuning("", ANY_TEXT, "worker identity in audit records and logs")
+    worker_id: str = tuning(
+        "",
+        ANY_TEXT,
+        (
+            "worker identity in audit records and logs, stable across restarts (each trail names"
+            " the previous trail of its worker id); unset: the host name (a pod's name)"
+        ),
+    )
     health_port: int = tuning(
         0,
         integer(0, 65535),
@@ -263,8 +272,17 @@ class Settings:
         None,
         FILE,
         (
-            "Ed25519 private key (PKCS#8 PEM, `audit keygen --signing-key FILE`) that signs the "
-            "digests; unset: each trail makes one and announces it in its first record"
+            "the site's Ed25519 private key (PKCS#8 PEM, mode 600, `audit keygen --signing-key "
+            "FILE`) that signs the digests; unset, and no `AUDIT_SIGNING_KMS_KEY_ID`: each trail "
+            "makes one and announces it (development only)"
+        ),
+    )
+    audit_signing_kms_key_id: str | None = security(
+        None,
+        OPTIONAL_TEXT,
+        (
+            "asymmetric KMS key (ECC_NIST_P256, SIGN_VERIFY) whose `kms:Sign` signs the digests: "
+            "the private key never leaves KMS; at `AUDIT_KMS_ENDPOINT_URL` when set"
         ),
     )
     audit_digest_records: int = security(
@@ -310,6 +328,22 @@ class Settings:
             "worker's brokers"
         ),
     )
+    posture: Posture = security(
+        "development",
+        one_of(Posture),
+        (
+            "`production`: `REQUIRE_TLS`, and an audit trail an auditor can trust (a signing "
+            "key outside the writer, a keyring or KMS, `AUDIT_SPOOL_DIR`) or no start"
+        ),
+    )
+    require_tls: bool = security(
+        False,
+        FLAG,
+        (
+            "refuse plaintext: Kafka without TLS (`PLAINTEXT`, `SASL_PLAINTEXT`) and `http://` "
+            "S3 and KMS endpoints"
+        ),
+    )
     kafka_security_protocol: KafkaProtocol = security(
         "PLAINTEXT",
         one_of(KafkaProtocol),
@@ -352,6 +386,15 @@ class Settings:
     )
     output_sse_kms_key_id: str | None = security(
         None, OPTIONAL_TEXT, "KMS key of `OUTPUT_SSE=aws:kms`; unset: the bucket's default key"
+    )
+    log_hash_key: bytes = security(
+        b"",
+        AES_KEY,
+        (
+            "base64 of 32 random bytes: the deployment's secret key of the hashes (HMAC-SHA-256)"
+            " that stand for object keys in logs; unset: a key made by each process"
+        ),
+        secret=True,
     )
 
     @property

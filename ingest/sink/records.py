@@ -161,6 +161,8 @@ def success_event(done: Processed) -> AuditEvent:
         study_instance_uid=h.study_instance_uid,
         series_instance_uid=h.series_instance_uid,
         sop_instance_uid=h.sop_instance_uid,
+        sop_class_uid=h.sop_class_uid,
+        patient_id=h.patient_id,
         outputs=(done.output_key, done.sidecar_key),
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import sys
@@ -11,7 +13,7 @@ import pytest
 import structlog
 
 from ingest.logs import configure_logging, key_digest
-from ingest.redact import RedactFilter, redact_event, scrub_text
+from ingest.redact import RedactFilter, key_hash, redact_event, scrub_text, set_log_hash_key
 
 SIGNED = (
     "https://s3.example:9000/scans/Doe%5EJane/ct.dcm?X-Amz-Algorithm=AWS4-HMAC-SHA256"
@@ -98,3 +100,40 @@ def test_configured_logging_scrubs_structlog_and_stdlib_lines(
                                "SASL password=hunter2 for %s", ("MUELLER^HANS",), None)  # fmt: skip
     assert RedactFilter().filter(record)
     assert record.getMessage() == "SASL password=[secret] for [phi]"
+
+
+def test_key_hashes_are_keyed_by_the_deployments_secret() -> None:
+    mrn = "scans/1234567/ct.dcm"  # a 7-digit record number: ten million candidates
+    plain = hashlib.sha256(mrn.encode()).hexdigest()[:16]
+    try:
+        set_log_hash_key(b"d" * 32)
+        keyed = key_hash(mrn)
+        assert keyed != plain  # an unkeyed search over the key space finds nothing
+        assert keyed == hmac.new(b"d" * 32, mrn.encode(), hashlib.sha256).hexdigest()[:16]
+        assert key_digest(mrn) == keyed  # what the worker's lines carry
+        assert redact_event(None, "info", {"key": mrn})["key"] == keyed
+        set_log_hash_key(b"e" * 32)
+        assert key_hash(mrn) != keyed  # another deployment, another hash
+    finally:
+        set_log_hash_key(None)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(0010,0020) Patient ID                          LO: 'ID-4711'",
+        "bad element (0010, 0030) Patient's Birth Date   DA: '19700101' in header",
+        '(0008,0090) Referring Physician\'s Name         PN: "MUELLER"',
+        "(0010,1001) Other Patient Names                 PN: [X1, Y2]",
+    ],
+)
+def test_pydicoms_element_format_is_masked(line: str) -> None:
+    import pydicom
+
+    scrubbed = scrub_text(line)
+    assert "[phi]" in scrubbed
+    for gone in ("ID-4711", "19700101", "MUELLER", "X1"):
+        assert gone not in scrubbed
+    element = pydicom.DataElement(0x00100020, "LO", "MRN-0042")
+    for text in (str(element), repr(element)):  # as pydicom itself prints one
+        assert "MRN-0042" not in scrub_text(f"cannot use {text}")

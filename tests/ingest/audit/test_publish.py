@@ -81,11 +81,27 @@ def test_worker_trail_verifies_and_exports_from_the_topic(
     assert "verified: no break" in out
     export = tmp_path / "trail.jsonl"
     assert cli(monkeypatch, ["audit", "export", "--out", str(export)]) == 0
+    # the export recorded itself first (110101 Audit Log Used): a trail of its own, signed
+    # with the site key, that verifies with the workers'
+    capsys.readouterr()
+    assert cli(monkeypatch, ["audit", "decrypt"]) == 0
+    used = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    uses = [r for r in used if r["event"] == "audit_log.used"]
+    (record,) = [r for r in uses if r["worker"].startswith("audit-export.")]
+    assert record["key"] == f"kafka://{env['DICOM_INGEST_KAFKA_BOOTSTRAP']}/{names.audit_topic}"
+    ident = record["dicom_audit"]["EventIdentification"]
+    assert (ident["EventID"]["code"], ident["EventActionCode"]) == ("110101", "R")
+    assert len(uses) == 2  # and the decrypt's own
+    assert cli(monkeypatch, ["audit", "verify", "--public-key", f"{signing}.pub"]) == 0
+    assert "3 trails (3 signed)" in capsys.readouterr().out
     monkeypatch.delenv("DICOM_INGEST_AUDIT_KEYRING_FILE")
     monkeypatch.delenv("DICOM_INGEST_KAFKA_BOOTSTRAP")
     capsys.readouterr()
-    assert cli(monkeypatch, ["audit", "verify", "--no-decrypt", "--file", str(export)]) == 0
-    assert "3 digests" in capsys.readouterr().out  # after records 3 and 7, and at the stop
+    argv = ["audit", "verify", "--no-decrypt", "--file", str(export)]
+    assert cli(monkeypatch, [*argv, "--public-key", f"{signing}.pub"]) == 0
+    # after the start, records 4 and 8, and the final one at the stop
+    assert "4 digests, closed" in capsys.readouterr().out
+    assert cli(monkeypatch, argv) == 2  # no key pinned: verify does not guess one
 
 
 @pytest.mark.anyio
@@ -138,7 +154,8 @@ async def test_spool_carries_the_trail_while_the_audit_broker_is_down(
             m.value for m in await read_audit_topic(audit_broker.bootstrap, names.audit_topic)
         ]
     assert not any((tmp_path / "spool").rglob("*.msg"))  # all forwarded
-    report = verify_trail(messages, data_keys=await unwrap_all(messages, LocalKeyring(keyring)))
+    data_keys = await unwrap_all(messages, LocalKeyring(keyring))
+    report = verify_trail(messages, data_keys=data_keys, trust_on_first_use=True)
     assert report.ok, report.findings
     assert sorted(r["key"] for r in object_records(report.records)) == sorted(
         o.ref.key for o in outcomes if o.ref

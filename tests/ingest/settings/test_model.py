@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ingest.errors import ConfigError
-from ingest.settings import load_settings, parse_window
+from ingest.settings import load_settings, parse_window, plaintext
 
 KEY = base64.b64encode(b"k" * 32).decode()
 BASE = {
@@ -32,7 +32,7 @@ def test_defaults_follow_the_contract() -> None:
     assert s.output_url == "s3://out/prefix/"
     assert (s.output_bucket, s.output_prefix) == ("out", "prefix/")
     assert s.audit_key == b"k" * 32
-    assert s.worker_id  # defaults to host-pid
+    assert s.worker_id  # defaults to the host name
 
 
 @pytest.mark.parametrize(
@@ -80,3 +80,73 @@ def test_unknown_toml_key_is_an_error(tmp_path: Path) -> None:
     config.write_text("sourc_topic = 'typo'\n")
     with pytest.raises(ConfigError, match="sourc_topic"):
         load_settings(BASE, config)
+
+
+TLS = {
+    **BASE,
+    "DICOM_INGEST_REQUIRE_TLS": "true",
+    "DICOM_INGEST_KAFKA_SECURITY_PROTOCOL": "SSL",
+    "DICOM_INGEST_S3_ENDPOINT_URL": "https://s3.example:443",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "needle"),
+    [
+        ("DICOM_INGEST_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", "KAFKA_SECURITY_PROTOCOL"),
+        ("DICOM_INGEST_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT", "KAFKA_SECURITY_PROTOCOL"),
+        ("DICOM_INGEST_S3_ENDPOINT_URL", "http://s3.example:80", "S3_ENDPOINT_URL"),
+        ("DICOM_INGEST_AUDIT_KMS_ENDPOINT_URL", "http://kms:4566", "AUDIT_KMS_ENDPOINT_URL"),
+    ],
+)
+def test_require_tls_refuses_plaintext(name: str, value: str, needle: str) -> None:
+    assert load_settings(TLS).require_tls
+    env = {**TLS, name: value}
+    if "SASL" in value:  # SASL PLAIN without TLS: the password on the wire
+        env |= {"DICOM_INGEST_KAFKA_SASL_USERNAME": "u", "DICOM_INGEST_KAFKA_SASL_PASSWORD": "p"}
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(env)
+    load_settings({**env, "DICOM_INGEST_REQUIRE_TLS": "false"})  # the development posture
+
+
+def test_production_needs_a_trail_an_auditor_can_trust(tmp_path: Path) -> None:
+    keyring = tmp_path / "keyring.json"
+    keyring.write_text("{}")
+    env = {k: v for k, v in TLS.items() if k != "DICOM_INGEST_AUDIT_KEY"}
+    env |= {"DICOM_INGEST_POSTURE": "production", "DICOM_INGEST_REQUIRE_TLS": "false"}
+    env |= {"DICOM_INGEST_AUDIT_KEYRING_FILE": str(keyring)}
+    with pytest.raises(ConfigError, match="signing key outside the worker"):
+        load_settings(env)
+    env["DICOM_INGEST_AUDIT_SIGNING_KMS_KEY_ID"] = "alias/audit-digests"
+    with pytest.raises(ConfigError, match="AUDIT_SPOOL_DIR"):
+        load_settings(env)
+    env["DICOM_INGEST_AUDIT_SPOOL_DIR"] = str(tmp_path / "spool")
+    assert load_settings(env).posture == "production"
+    with pytest.raises(ConfigError, match="KAFKA_SECURITY_PROTOCOL"):  # TLS comes with it
+        load_settings({**env, "DICOM_INGEST_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT"})
+
+
+def test_an_endpoint_with_a_password_is_refused_without_echoing_it() -> None:
+    url = "https://ingest:hunter2@s3.example"
+    with pytest.raises(ConfigError, match="S3_ENDPOINT_URL") as info:
+        load_settings({**BASE, "DICOM_INGEST_S3_ENDPOINT_URL": url})
+    assert "hunter2" not in str(info.value)
+
+
+def test_the_default_worker_id_outlives_the_process() -> None:
+    import socket
+
+    assert load_settings(BASE).worker_id == socket.gethostname()  # a pod's name in k8s
+
+
+def test_plaintext_connections_are_named_in_the_development_posture() -> None:
+    env = {**BASE, "DICOM_INGEST_S3_ENDPOINT_URL": "http://minio:9000"}
+    env |= {"DICOM_INGEST_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}
+    env |= {"DICOM_INGEST_KAFKA_SASL_USERNAME": "u", "DICOM_INGEST_KAFKA_SASL_PASSWORD": "p"}
+    found = plaintext(load_settings(env))  # the worker logs each at start
+    assert found == [
+        "DICOM_INGEST_KAFKA_SECURITY_PROTOCOL: SASL_PLAINTEXT with SASL PLAIN (the password in "
+        "the clear) is plaintext",
+        "DICOM_INGEST_S3_ENDPOINT_URL: http is plaintext",
+    ]
+    assert plaintext(load_settings(TLS)) == []
