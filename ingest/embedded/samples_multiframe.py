@@ -48,19 +48,25 @@ def _multiframe_header(
     ds.ImageType = ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"]
     ds.InstanceNumber = 1
     ds.NumberOfFrames = frames
+    ds.FrameOfReferenceUID = uid(*key, "frame-of-reference")
     image_pixel(ds, rows, columns, bits, signed)
     shared = Dataset()
-    measures = Dataset()
+    measures, orientation = Dataset(), Dataset()
     measures.PixelSpacing, measures.SliceThickness = ["0.5", "0.5"], "1.0"
+    orientation.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
     shared.PixelMeasuresSequence = [measures]
+    shared.PlaneOrientationSequence = [orientation]
     if not per_frame:
         shared.PixelValueTransformationSequence = [_transformation("0.5", "-100")]
     ds.SharedFunctionalGroupsSequence = [shared]
     groups = []
     for index in range(frames):
-        group, content = Dataset(), Dataset()
+        group, content, position = Dataset(), Dataset(), Dataset()
         content.InStackPositionNumber = index + 1
         group.FrameContentSequence = [content]
+        # axial frames 1 mm apart, head to feet, as a CT volume is often stored
+        position.ImagePositionPatient = ["-64", "-64", f"{-1.0 * index:.1f}"]
+        group.PlanePositionSequence = [position]
         if per_frame:
             group.PixelValueTransformationSequence = [_transformation(*frame_rescale(index))]
         groups.append(group)
