@@ -36,13 +36,13 @@ from pydicom.dataset import Dataset
 
 from ingest.dicom.frames import per_frame_planes
 from ingest.dicom.image_pixel import Values
+from ingest.dicom.rescale import PER_FRAME_GROUPS
 
 # Frames count as evenly spaced on one line when every position is within this many
 # millimetres of where the first position and the mean step put it (scanners write
 # positions rounded to a few decimals).
 POSITION_TOLERANCE_MM: Final = 0.01
 _ORIENTATION_TOLERANCE: Final = 1e-4
-_PER_FRAME_GROUPS: Final = 0x52009230
 _UNDEFINED_LENGTH: Final = 0xFFFFFFFF
 
 
@@ -235,9 +235,9 @@ def read_per_frame(values: Values) -> list[FrameValues] | None:
     than the frames' pixels take to arrive); by pydicom otherwise, or when that
     walker is unsure.
     """
-    if not isinstance(values, Dataset) or _PER_FRAME_GROUPS not in values:
+    if not isinstance(values, Dataset) or PER_FRAME_GROUPS not in values:
         return None
-    raw = values.get_item(_PER_FRAME_GROUPS)
+    raw = values.get_item(PER_FRAME_GROUPS)
     if (
         isinstance(raw, RawDataElement)
         and isinstance(raw.value, bytes)
