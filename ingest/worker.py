@@ -53,7 +53,7 @@ from ingest.ops.metrics import finished, stopped_summary, watching
 from ingest.pipeline.jobs import Context
 from ingest.pipeline.process import process_object
 from ingest.settings import Settings
-from ingest.sink.output import OutputSink
+from ingest.sink.output import OutputSink, output_dtype
 from ingest.sink.records import (
     Processed,
     dead_letter,
@@ -336,7 +336,8 @@ class Worker:
         try:
             done = await process_object(self._ctx, ref)
             written = self.settings.sink == "s3"
-            document = sidecar(done, self.settings.window, self.settings.output_dtype, written)
+            dtype = output_dtype(self.settings, done.header)
+            document = sidecar(done, self.settings.window, dtype, written)
             if written:
                 await self._ctx.sink.put_json(done.sidecar_key, document)
         except IngestError as exc:

@@ -58,7 +58,7 @@ from ingest.fetch.s3 import ObjectHead
 from ingest.fetch.sigv4 import Address, Keys, presigned_url
 from ingest.fetch.threaded_http import ConnectionPool, ca_bundle, put_from
 from ingest.settings import Settings
-from ingest.sink.output import NPY_TYPE, npy_header, output_part_size, sse
+from ingest.sink.output import NPY_TYPE, npy_header, output_dtype, output_part_size, sse
 from ingest.sink.records import Processed, Timings, sidecar
 from ingest.source.notifications import ObjectRef
 
@@ -117,7 +117,7 @@ def output_of(
 ) -> Output:
     """The outputs of source object ``key`` with ``header``, as the sink writes them, its
     array's values taken from ``values`` (repeated)."""
-    dtype = settings.output_dtype
+    dtype = output_dtype(settings, header)
     head = npy_header(header.pixel.shape, dtype)
     total = len(head) + int(np.prod(header.pixel.shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     part = output_part_size(total)
@@ -198,13 +198,14 @@ class PutRawReader:
         """The output values of the object's first frames (``SAMPLE_BYTES`` at most), as
         the worker's CPU twin computes them."""
         fmt = header.pixel
-        out_frame = fmt.frame_elements * np.dtype(self._settings.output_dtype).itemsize
+        dtype = output_dtype(self._settings, header)
+        out_frame = fmt.frame_elements * np.dtype(dtype).itemsize
         frames = max(1, min(fmt.frames, SAMPLE_BYTES // out_frame))
         pitch = header.frame_pitch or fmt.frame_bytes  # encapsulated: an item header a frame
         data, _ = self._get(key, header.pixel_offset, (frames - 1) * pitch + fmt.frame_bytes)
         stored = np.frombuffer(data + bytes(pitch - fmt.frame_bytes), np.uint8)
         raw = stored.reshape(frames, pitch)[:, : fmt.frame_bytes].reshape(-1)
-        transform = header.transform(self._settings.window, self._settings.output_dtype)
+        transform = header.transform(self._settings.window, dtype)
         return preprocess_numpy(raw, fmt, transform, 0).view(np.uint8).data
 
     def _url(self, key: str, query: list[tuple[str, str]], headers: dict[str, str]) -> str:

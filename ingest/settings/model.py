@@ -47,7 +47,7 @@ MiB: Final = 1024 * KiB
 GiB: Final = 1024 * MiB
 
 Device = Literal["auto", "cuda", "cpu"]
-OutputDtype = Literal["float32", "float16"]
+OutputDtype = Literal["float32", "float16", "exact"]
 Sink = Literal["s3", "none"]
 SourceHash = Literal["crc64nvme", "sha256", "sha256-tree", "none"]
 GpuDecode = Literal["auto", "off"]
@@ -81,7 +81,14 @@ class Settings:
     window: tuple[float, float] | None = contract(
         None, WINDOW, "`none`, or `CENTER,WIDTH` (width >= 1)"
     )
-    output_dtype: OutputDtype = contract("float32", one_of(OutputDtype), "`float32` or `float16`")
+    output_dtype: OutputDtype = contract(
+        "float32",
+        one_of(OutputDtype),
+        (
+            "`float32`, `float16`, or `exact`: each object's values in the narrowest type that"
+            " holds them exactly (8-bit stays `uint8`, CT `int16`; docs/output.md)"
+        ),
+    )
     device: Device = contract("auto", one_of(Device), "`auto`, `cuda`, `cpu`")
     audit_key_id: str = tuning("local-1", TEXT, "the `kid` written into every audit envelope")
     sink: Sink = tuning(

@@ -26,6 +26,9 @@ import anyio
 import numpy as np
 from anyio.abc import TaskGroup
 
+from gpu.formats import OutDtype
+from gpu.preprocess import narrowest_exact
+from ingest.dicom.header import DicomHeader
 from ingest.errors import SinkError
 from ingest.fetch.s3 import S3Source, translate_s3_error
 from ingest.retry import with_retries
@@ -46,6 +49,19 @@ def output_part_size(total: int) -> int:
     """Bytes per multipart part for an output of ``total`` bytes: 8 MiB, or the
     smallest whole MiB that keeps the upload within ``MAX_PARTS`` parts."""
     return max(MIN_PART, -(-total // (MAX_PARTS * _MIB)) * _MIB)
+
+
+def output_dtype(settings: Settings, header: DicomHeader) -> OutDtype:
+    """The dtype of one object's output: ``OUTPUT_DTYPE``, or with ``exact`` the narrowest
+    that holds this object's values exactly (``gpu.preprocess.narrowest_exact``).
+
+    Raises:
+        RuntimeError: ``exact`` for a header whose per-frame rescale values are not
+            read yet (a caller bug: parse it in full first).
+    """
+    if settings.output_dtype != "exact":
+        return settings.output_dtype
+    return narrowest_exact(header.pixel, header.transform(settings.window, "float32"))
 
 
 def output_keys(settings: Settings, bucket: str, key: str) -> tuple[str, str]:
