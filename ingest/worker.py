@@ -5,10 +5,11 @@
     services task group
     ├── DeviceStage.run           batches chunks onto the device thread
     ├── commit loop, audit digests, health probe
+    ├── SeriesAssembler.run       (SERIES=volume) series whose quiet period ended
     └── work scope (cancelled at the drain deadline)
         └── objects task group
             ├── intake (cancelled by stop())   poll -> parse -> dedupe -> spawn
-            └── one task per object            process -> outputs -> result -> audit
+            └── one task per object            process -> outputs (+ series member) -> result -> audit
 
 Backpressure: ``max_objects_in_flight`` object tasks at most, the ring bounds
 the bytes in flight, the device stage's stream the chunks waiting for it.
@@ -52,6 +53,7 @@ from ingest.ops.health import Health, probe, serving
 from ingest.ops.metrics import finished, stopped_summary, watching
 from ingest.pipeline.jobs import Context
 from ingest.pipeline.process import process_object
+from ingest.pipeline.series import SeriesAssembler
 from ingest.settings import Settings
 from ingest.sink.output import OutputSink, output_dtype
 from ingest.sink.records import (
@@ -130,6 +132,7 @@ class Worker:
         self._publisher: Publisher | None = None
         self._audit: AuditPublisher | None = None
         self._ctx: Context | None = None
+        self.series: SeriesAssembler | None = None  # with SERIES=volume and an S3 sink
 
     def stop(self) -> None:
         """Graceful stop: no new records; in-flight work gets the shutdown deadline."""
@@ -179,6 +182,8 @@ class Worker:
             stack.push_async_callback(self._member.aclose)  # leaves the group, promptly
             hook = load_hook(s.hook) if s.hook else None
             sink = OutputSink(source, s)
+            if s.series == "volume" and s.sink == "s3":
+                self.series = SeriesAssembler(s, sink)
             decoders = DecodePool(s.decode_processes)
             stack.push_async_callback(decoders.aclose)
             clients_up = time.monotonic()
@@ -205,6 +210,8 @@ class Worker:
                 services.start_soon(self._commits.loop)
                 services.start_soon(self._audit.run)  # digests, spool
                 services.start_soon(probe, self.health, self._check_broker, self._check_s3)
+                if self.series is not None:  # series whose quiet period ended, pending ones
+                    await services.start(self.series.run)
                 log.info(
                     "worker started",
                     backend=stage.backend,
@@ -340,6 +347,8 @@ class Worker:
             document = sidecar(done, self.settings.window, dtype, written)
             if written:
                 await self._ctx.sink.put_json(done.sidecar_key, document)
+            if self.series is not None:  # durable before the offset is committed
+                await self.series.add(document)
         except IngestError as exc:
             await self._fail(progress, ref, exc)
             return
