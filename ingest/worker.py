@@ -9,7 +9,7 @@
     └── work scope (cancelled at the drain deadline)
         └── objects task group
             ├── intake (cancelled by stop())   poll -> parse -> dedupe -> spawn
-            └── one task per object            process -> outputs (+ series member) -> result -> audit
+            └── one task per object            process -> outputs, series -> result -> audit
 
 Backpressure: ``max_objects_in_flight`` object tasks at most, the ring bounds
 the bytes in flight, the device stage's stream the chunks waiting for it.
