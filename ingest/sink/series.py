@@ -13,8 +13,8 @@ restart, plans the same volume:
   pixel spacing (else no volume: ``refused``); two members at one position are
   duplicates, the first by (Acquisition Number, Instance Number, SOP Instance
   UID) is kept and the rest named; members of several acquisitions are named;
-  the steps between positions must be equal within ``tolerance`` of their median
-  (a step of about twice the median is a missing slice, named with where it is),
+  the steps between positions must be equal within ``tolerance`` of the smallest
+  (a step of about twice the smallest is a missing slice, named with where it is),
   else no volume;
 - complete when the data says so (every member names the same Images in
   Acquisition and that many distinct positions are there) or, by the caller's
@@ -25,7 +25,8 @@ restart, plans the same volume:
   old, never a change to it.
 
 The volume's affine maps (slice, row, column) to LPS millimetres as each
-instance's does (``ingest.dicom.geometry``), its slice column the median step.
+instance's does (``ingest.dicom.geometry``), its slice column the mean step from
+the first slice to the last.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -250,14 +250,14 @@ def plan_volume(
         kept.append(member)
     distances = [float(np.dot(m.position, normal)) for m in kept]
     steps = [b - a for a, b in itertools.pairwise(distances)]
-    step = statistics.median(steps) if steps else None
+    step = min(steps) if steps else None
     if step is not None:
         for index, gap in enumerate(steps):
             if abs(gap - step) > tolerance * step:
                 missing = round(gap / step) - 1
                 what = f"{missing} missing slice(s)" if missing >= 1 else "an uneven step"
                 refused.append(
-                    f"{what} after slice {index} ({gap:.4g} mm where the median step is"
+                    f"{what} after slice {index} ({gap:.4g} mm where the smallest step is"
                     f" {step:.4g} mm)"
                 )
     totals = {m.images_in_acquisition for m in members}

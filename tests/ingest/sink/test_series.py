@@ -76,7 +76,7 @@ def test_a_missing_slice_refuses_the_volume_and_says_where() -> None:
     assert not plan.complete_by_data
     assert len(plan.refused) == 1
     assert "1 missing slice(s)" in plan.refused[0]
-    assert "2.5 mm where the median step is 1.25 mm" in plan.refused[0]
+    assert "2.5 mm where the smallest step is 1.25 mm" in plan.refused[0]
 
 
 def test_a_late_slice_makes_a_new_version() -> None:
