@@ -28,7 +28,8 @@ threads, ``output_dtype`` and server-side encryption headers.
 
 The values are the object's own: its first frames' output (at most ``SAMPLE_BYTES``),
 computed in ``prepare`` by the worker's NumPy twin (``gpu.preprocess.preprocess_numpy``)
-from its stored samples, and repeated over the rest of a larger array; past
+from its stored samples (a compressed object's, a slide's tiles, decoded first as
+the worker's CPU path decodes them), and repeated over the rest of a larger array; past
 ``SAMPLE_BUDGET`` of them in all, objects reuse earlier objects' values. They matter:
 SeaweedFS gzips a chunk (of a request naming no Content-Type) whose first 128 bytes
 compress, so its cost per byte can depend on the values: a CT slice's values tiled
@@ -40,6 +41,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import ssl
+import struct
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,10 +49,12 @@ from typing import Any
 
 import numpy as np
 from botocore.utils import percent_encode
+from pydicom.encaps import generate_frames
 
 from gpu.preprocess import preprocess_numpy
 from ingest.bench.readers import ReaderSkipped
 from ingest.bench.workloads import S3Target, Workload
+from ingest.dicom.codec import decode_encapsulated
 from ingest.dicom.header import DicomHeader
 from ingest.dicom.parse import NeedMoreBytes, parse_header
 from ingest.fetch.digest import Digests
@@ -168,11 +172,11 @@ class PutRawReader:
         spent = 0
         for obj in workload.objects:
             header, etag = self._header(obj.key, obj.size)
-            if header.codec is not None:
-                why = f"{obj.key}: compressed (put-raw computes the values of native ones)"
-                raise ReaderSkipped(why, "compressed")
             if spent < SAMPLE_BUDGET or not samples:
-                samples.append(self._values(obj.key, header))
+                if header.codec is not None:
+                    samples.append(self._decoded_values(obj.key, obj.size, header))
+                else:
+                    samples.append(self._values(obj.key, header))
                 spent += len(samples[-1])
             values = samples[len(self._outputs) % len(samples)]
             out = output_of(self._settings, self._target, obj.key, obj.size, etag, header, values)
@@ -205,6 +209,31 @@ class PutRawReader:
         data, _ = self._get(key, header.pixel_offset, (frames - 1) * pitch + fmt.frame_bytes)
         stored = np.frombuffer(data + bytes(pitch - fmt.frame_bytes), np.uint8)
         raw = stored.reshape(frames, pitch)[:, : fmt.frame_bytes].reshape(-1)
+        transform = header.transform(self._settings.window, dtype)
+        return preprocess_numpy(raw, fmt, transform, 0).view(np.uint8).data
+
+    def _decoded_values(self, key: str, size: int, header: DicomHeader) -> memoryview:
+        """The output values of a compressed object's first frames (a slide's tiles), decoded
+        as the worker's CPU path decodes them: the frames in the first ``SAMPLE_BYTES`` of
+        its Pixel Data (at least one)."""
+        codec = header.codec
+        assert codec is not None
+        fmt = header.pixel
+        dtype = output_dtype(self._settings, header)
+        length = min(size - header.pixel_offset, max(SAMPLE_BYTES // 8, HEADER_PROBE))
+        data, _ = self._get(key, header.pixel_offset, length)
+        frames: list[bytes] = []
+        try:
+            for frame in generate_frames(data, number_of_frames=fmt.frames):
+                frames.append(frame)
+                if (len(frames) + 1) * fmt.frame_elements * np.dtype(dtype).itemsize > SAMPLE_BYTES:
+                    break
+        except (ValueError, IndexError, struct.error):  # the prefix ends inside a fragment
+            pass
+        if not frames:
+            raise ReaderSkipped(f"{key}: no whole frame in its first {length} bytes", "frames")
+        decoded = decode_encapsulated(codec, frames)
+        raw = np.ascontiguousarray(decoded).reshape(-1).view(np.uint8)
         transform = header.transform(self._settings.window, dtype)
         return preprocess_numpy(raw, fmt, transform, 0).view(np.uint8).data
 
