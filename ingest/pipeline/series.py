@@ -19,8 +19,9 @@ A volume is ``.../VERSION.npy`` + ``.../VERSION.json`` (and ``latest.json``, a c
 of the newest sidecar written); its version names its members and their bytes,
 so it is written once (an existing sidecar of that version is left as it is)
 and a late slice makes a new version beside it. Its slices are read back
-one at a time and streamed into one multipart upload, so the assembler holds
-one slice and the sink's parts in flight, whatever the volume's size. A plan
+``SLICES_IN_FLIGHT`` at a time and streamed into one multipart upload, so the
+assembler holds that many slices and the sink's parts in flight, whatever the
+volume's size. A plan
 the checks refuse (gaps, uneven steps, mixed sizes) is written as a sidecar
 with ``npy`` null and the reasons.
 """
@@ -31,7 +32,7 @@ import io
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import numpy as np
@@ -51,6 +52,8 @@ from ingest.sink.series import (
 )
 
 log = structlog.get_logger("ingest.series")
+
+SLICES_IN_FLIGHT: Final = 8  # slices read back at once (the assembler's memory: as many)
 
 
 class SeriesAssembler:
@@ -185,21 +188,48 @@ class SeriesAssembler:
         return out
 
     async def _write_volume(self, plan: VolumePlan, key: str) -> None:
-        """Stream the slices, in order, into one ``.npy`` (multipart when large): one slice
-        read back at a time, the sink's parts in flight meanwhile."""
-        rows = plan.shape[1:]
+        """Stream the slices, in order, into one ``.npy`` (multipart when large), reading
+        them back ``SLICES_IN_FLIGHT`` at a time while the sink's parts go up."""
         async with self._sink.array(key, plan.shape, plan.dtype) as out:
-            for member in plan.members:
-                data = await self._sink.get(member.npy)
-                if data is None:
-                    raise _BadRecord(f"slice {member.sop_instance_uid}'s output is gone")
-                values = np.load(io.BytesIO(data), allow_pickle=False)
-                if values.shape != (1, *rows):
-                    raise _BadRecord(
-                        f"slice {member.sop_instance_uid} has shape {values.shape}, not"
-                        f" {(1, *rows)}"
-                    )
-                await out.write(values.astype(plan.dtype, copy=False))
+            for start in range(0, len(plan.members), SLICES_IN_FLIGHT):
+                batch = plan.members[start : start + SLICES_IN_FLIGHT]
+                for array in await self._read_slices(batch, plan.shape[1:]):
+                    await out.write(array.astype(plan.dtype, copy=False))
+
+    async def _read_slices(
+        self, members: tuple[Member, ...], rows: tuple[int, ...]
+    ) -> list[np.ndarray]:
+        """The slices' arrays, read back at once, in their order.
+
+        Raises:
+            SinkError: a slice could not be read, or is not the shape planned.
+        """
+        values: list[np.ndarray | None] = [None] * len(members)
+        errors: list[IngestError] = []
+
+        async def read(index: int, member: Member) -> None:
+            try:
+                values[index] = await self._read_slice(member, rows)
+            except IngestError as exc:  # raised below, ungrouped
+                errors.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for index, member in enumerate(members):
+                group.start_soon(read, index, member)
+        if errors:
+            raise errors[0]
+        return [v for v in values if v is not None]
+
+    async def _read_slice(self, member: Member, rows: tuple[int, ...]) -> np.ndarray:
+        data = await self._sink.get(member.npy)
+        if data is None:
+            raise _BadRecord(f"slice {member.sop_instance_uid}'s output is gone")
+        values: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
+        if values.shape != (1, *rows):
+            raise _BadRecord(
+                f"slice {member.sop_instance_uid} has shape {values.shape}, not {(1, *rows)}"
+            )
+        return values
 
 
 class _BadRecord(SinkError):
