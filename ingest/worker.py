@@ -183,7 +183,9 @@ class Worker:
             hook = load_hook(s.hook) if s.hook else None
             sink = OutputSink(source, s)
             if s.series == "volume" and s.sink == "s3":
-                self.series = SeriesAssembler(s, sink)
+                spec = s.series_hook
+                series_hook = load_hook(spec, "DICOM_INGEST_SERIES_HOOK") if spec else None
+                self.series = SeriesAssembler(s, sink, series_hook, thread)
             decoders = DecodePool(s.decode_processes)
             stack.push_async_callback(decoders.aclose)
             clients_up = time.monotonic()
@@ -197,7 +199,7 @@ class Worker:
             # The thread finishes its queued copies before the ring's memory goes.
             stack.push_async_callback(anyio.to_thread.run_sync, thread.close)
             stage = DeviceStage(thread, s)
-            if hook is not None:
+            if hook is not None or s.series_hook:
                 await anyio.to_thread.run_sync(enable_device_arrays, thread)
             self._ctx = Context(s, source, sink, ring, stage, decoders, hook)
             stack.enter_context(watching(self, ring, thread))  # for /metrics

@@ -28,6 +28,7 @@ with ``npy`` null and the reasons.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import time
@@ -39,7 +40,9 @@ import numpy as np
 import structlog
 from anyio.abc import TaskStatus
 
-from ingest.errors import IngestError, SinkError
+from gpu.thread import DeviceThread
+from ingest.errors import IngestError, ProcessingError, SinkError
+from ingest.hooks import HookSlab, SeriesHook
 from ingest.settings import Settings
 from ingest.sink.output import OutputSink
 from ingest.sink.series import (
@@ -59,9 +62,17 @@ SLICES_IN_FLIGHT: Final = 8  # slices read back at once (the assembler's memory:
 class SeriesAssembler:
     """Gathers the slices of each series into versioned volumes (the module's docstring)."""
 
-    def __init__(self, settings: Settings, sink: OutputSink) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sink: OutputSink,
+        hook: SeriesHook | None = None,
+        thread: DeviceThread | None = None,
+    ) -> None:
         self._settings = settings
         self._sink = sink
+        self._hook = hook  # SERIES_HOOK, given the volume's slabs on the device thread
+        self._thread = thread
         self._root = f"{settings.output_prefix}series/"
         self._pending_root = f"{settings.output_prefix}series-pending/"
         # the member records this process wrote or read, by series: active series only
@@ -193,8 +204,53 @@ class SeriesAssembler:
         async with self._sink.array(key, plan.shape, plan.dtype) as out:
             for start in range(0, len(plan.members), SLICES_IN_FLIGHT):
                 batch = plan.members[start : start + SLICES_IN_FLIGHT]
-                for array in await self._read_slices(batch, plan.shape[1:]):
-                    await out.write(array.astype(plan.dtype, copy=False))
+                arrays = [
+                    a.astype(plan.dtype, copy=False)
+                    for a in await self._read_slices(batch, plan.shape[1:])
+                ]
+                for array in arrays:
+                    await out.write(array)
+                if self._hook is not None:
+                    await self._to_hook(plan, start, np.concatenate(arrays))
+
+    async def _to_hook(self, plan: VolumePlan, first: int, slab: np.ndarray) -> None:
+        """Hand one slab to ``SERIES_HOOK`` on the device thread, copied to the device.
+
+        Raises:
+            ProcessingError: the hook raised (the volume is tried again later).
+        """
+        hook, thread, affine = self._hook, self._thread, plan.affine
+        assert hook is not None
+        assert thread is not None
+        assert affine is not None  # a refused plan writes no volume
+        series = plan.series
+
+        def give() -> None:  # on the device thread
+            array: Any = slab
+            if thread.backend == "cuda":
+                import cupy
+
+                array = cupy.asarray(slab)
+            hook(
+                HookSlab(
+                    series.study,
+                    series.series,
+                    series.frame_of_reference,
+                    plan.version,
+                    plan.shape,
+                    plan.dtype,
+                    affine,
+                    first,
+                    len(slab),
+                    thread.backend,
+                    array,
+                )
+            )
+
+        try:
+            await asyncio.wrap_future(thread.call(give))
+        except Exception as exc:
+            raise ProcessingError(f"SERIES_HOOK raised {type(exc).__name__}: {exc}") from exc
 
     async def _read_slices(
         self, members: tuple[Member, ...], rows: tuple[int, ...]

@@ -99,6 +99,14 @@ class Settings:
             " `off` by default: it reads every slice back and writes it again"
         ),
     )
+    series_hook: str | None = contract(
+        None,
+        OPTIONAL_TEXT,
+        (
+            "`module:callable` given each series volume on the device thread, a slab of"
+            " slices at a time (`SERIES=volume`; see `ingest/hooks.py`)"
+        ),
+    )
     series_quiet_s: float = contract(
         60.0,
         number(0.1, 86400.0),

@@ -26,7 +26,7 @@ from ingest.embedded.samples import synthetic_ct_series
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 from ingest.worker import Outcome, Worker
-from tests import harness
+from tests import harness, hook_probe
 from tests.reference import reference_array
 
 pytestmark = [
@@ -219,3 +219,28 @@ async def test_a_pending_series_is_written_after_a_restart(stack: Stack) -> None
     latest, array = await volume_of(stack, names.output_bucket, prefix)
     assert not latest["complete_by_data"]
     assert array.tobytes() == expected_volume(slices).tobytes()
+
+
+async def test_the_series_hook_gets_the_volume_a_slab_at_a_time_on_the_device_thread(
+    stack: Stack,
+) -> None:
+    hook_probe.SLABS.clear()
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(10, 16, 16, seed=51)
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(
+        stack, names, series="volume", series_hook="tests.hook_probe:collect_slabs"
+    )
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    slabs = hook_probe.SLABS
+    assert [s.first_slice for s, _, _ in slabs] == [0, 8]  # eight slices a slab, in order
+    assert all(s.version == latest["version"] and s.shape == array.shape for s, _, _ in slabs)
+    assert np.concatenate([host for _, host, _ in slabs]).tobytes() == array.tobytes()
+    assert {thread for _, _, thread in slabs} == {"dicom-ingest-device"}
+    assert slabs[0][0].affine == tuple(tuple(row) for row in latest["affine"])
