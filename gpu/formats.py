@@ -15,7 +15,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-OutDtype = Literal["float32", "float16"]
+OutDtype = Literal[
+    "float32", "float16", "float64", "uint8", "int8", "uint16", "int16", "uint32", "int32"
+]
+# The output dtypes in the kernel's order (its OUT template argument); the integer ones
+# only for transforms whose every value is an integer they hold (``narrowest_exact``).
+OUT_DTYPES: tuple[OutDtype, ...] = (
+    "float32",
+    "float16",
+    "float64",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint32",
+    "int32",
+)
+_ITEMSIZE = {"float32": 4, "float16": 2, "float64": 8, "uint8": 1, "int8": 1}
+_ITEMSIZE |= {"uint16": 2, "int16": 2, "uint32": 4, "int32": 4}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +91,9 @@ class Transform:
        no Rescale Slope/Intercept).
     2. Optional VOI window ``(center, width)``:
        ``clip((x - (center - 0.5)) / (width - 1) + 0.5, 0, 1)`` in float64.
-    3. Cast to ``out_dtype``.
+    3. Cast to ``out_dtype``: one correctly rounded cast to a float type, or to an
+       integer type that holds every value exactly (``preprocess.narrowest_exact``
+       chooses one only then).
     """
 
     slopes: tuple[float, ...] = (1.0,)
@@ -85,7 +104,7 @@ class Transform:
 
     @property
     def out_itemsize(self) -> int:
-        return 4 if self.out_dtype == "float32" else 2
+        return _ITEMSIZE[self.out_dtype]
 
 
 def pitched_frames(nbytes: int, frame_bytes: int, pitch: int) -> int:

@@ -45,11 +45,12 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu import driver
-from gpu.preprocess import F_HALF, F_PER_FRAME, F_PLANAR, F_RESCALE, F_STEP, F_WINDOW, ChunkPlan
+from gpu.formats import OUT_DTYPES
+from gpu.preprocess import F_PER_FRAME, F_PLANAR, F_RESCALE, F_STEP, F_WINDOW, ChunkPlan
 
 # Layout of one chunk's int64 parameter row.
 P_N, P_SRC, P_DST, P_FIRST, P_FRAME, P_PLANE, P_CODE, P_SHIFT, P_FLAGS = range(9)
-P_SLOPES, P_NSLOPES, P_ICPTS, P_NICPTS, P_FRAME0 = range(9, 14)
+P_SLOPES, P_NSLOPES, P_ICPTS, P_NICPTS, P_FRAME0, P_OUT = range(9, 15)
 P_COUNT = 16
 FP_COUNT = 2  # low (center - 0.5), span (width - 1)
 
@@ -74,17 +75,28 @@ _CONSTANTS = {
     "P_ICPTS": P_ICPTS,
     "P_NICPTS": P_NICPTS,
     "P_FRAME0": P_FRAME0,
+    "P_OUT": P_OUT,
     "F_RESCALE": F_RESCALE,
     "F_WINDOW": F_WINDOW,
     "F_STEP": F_STEP,
     "F_PLANAR": F_PLANAR,
-    "F_HALF": F_HALF,
     "F_PER_FRAME": F_PER_FRAME,
 }
 
 _BODY = r"""
 
-template <typename S, typename U, bool HALF>
+template <int OUT>
+__device__ __forceinline__ void store_integer(void* dst, long long o, double y)
+{
+    if (OUT == 3) static_cast<unsigned char*>(dst)[o] = static_cast<unsigned char>(y);
+    if (OUT == 4) static_cast<signed char*>(dst)[o] = static_cast<signed char>(y);
+    if (OUT == 5) static_cast<unsigned short*>(dst)[o] = static_cast<unsigned short>(y);
+    if (OUT == 6) static_cast<short*>(dst)[o] = static_cast<short>(y);
+    if (OUT == 7) static_cast<unsigned int*>(dst)[o] = static_cast<unsigned int>(y);
+    if (OUT == 8) static_cast<int*>(dst)[o] = static_cast<int>(y);
+}
+
+template <typename S, typename U, int OUT>
 __device__ __forceinline__ void run_chunk(const long long* p, const double* fp, const double* table)
 {
     const long long n = p[P_N];
@@ -127,14 +139,18 @@ __device__ __forceinline__ void run_chunk(const long long* p, const double* fp, 
             const long long s = r / plane;
             o = f * fe + (r - s * plane) * 3 + s;
         }
-        if (HALF) {
-            unsigned short h;
-            asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(y));
-            static_cast<unsigned short*>(dst)[o] = h;
-        } else {
+        if (OUT == 0) {
             float v;  // not __double2float_rn: CuPy compiles with -ftz=true, which flushes it
             asm("cvt.rn.f32.f64 %0, %1;" : "=f"(v) : "d"(y));
             static_cast<float*>(dst)[o] = v;
+        } else if (OUT == 1) {
+            unsigned short h;
+            asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(y));
+            static_cast<unsigned short*>(dst)[o] = h;
+        } else if (OUT == 2) {
+            static_cast<double*>(dst)[o] = y;
+        } else {  // an integer type that holds y, an integer, exactly: the cast is exact
+            store_integer<OUT>(dst, o, y);
         }
     }
 }
@@ -145,26 +161,31 @@ extern "C" __global__ void dicom_preprocess(const long long* __restrict__ params
 {
     const long long* p = params + static_cast<long long>(blockIdx.y) * P_COUNT;
     const double* fp = fparams + static_cast<long long>(blockIdx.y) * FP_COUNT;
-    const bool half = (p[P_FLAGS] & F_HALF) != 0;
-    switch (static_cast<int>(p[P_CODE]) * 2 + (half ? 1 : 0)) {
-    case 0: run_chunk<unsigned char, unsigned char, false>(p, fp, table); break;
-    case 1: run_chunk<unsigned char, unsigned char, true>(p, fp, table); break;
-    case 2: run_chunk<signed char, unsigned char, false>(p, fp, table); break;
-    case 3: run_chunk<signed char, unsigned char, true>(p, fp, table); break;
-    case 4: run_chunk<unsigned short, unsigned short, false>(p, fp, table); break;
-    case 5: run_chunk<unsigned short, unsigned short, true>(p, fp, table); break;
-    case 6: run_chunk<short, unsigned short, false>(p, fp, table); break;
-    case 7: run_chunk<short, unsigned short, true>(p, fp, table); break;
-    case 8: run_chunk<unsigned int, unsigned int, false>(p, fp, table); break;
-    case 9: run_chunk<unsigned int, unsigned int, true>(p, fp, table); break;
-    case 10: run_chunk<int, unsigned int, false>(p, fp, table); break;
-    case 11: run_chunk<int, unsigned int, true>(p, fp, table); break;
+    switch (static_cast<int>(p[P_CODE]) * OUT_COUNT + static_cast<int>(p[P_OUT])) {
+CASES
     default: break;
     }
 }
 """
 
-SOURCE: str = "".join(f"#define {k} {v}\n" for k, v in _CONSTANTS.items()) + _BODY
+_STORED = (
+    ("unsigned char", "unsigned char"),
+    ("signed char", "unsigned char"),
+    ("unsigned short", "unsigned short"),
+    ("short", "unsigned short"),
+    ("unsigned int", "unsigned int"),
+    ("int", "unsigned int"),
+)  # (S, U) of preprocess.DTYPE_CODES' stored types, in code order
+_CASES = "\n".join(
+    f"    case {code * len(OUT_DTYPES) + out}: run_chunk<{s}, {u}, {out}>(p, fp, table); break;"
+    for code, (s, u) in enumerate(_STORED)
+    for out in range(len(OUT_DTYPES))
+)
+SOURCE: str = (
+    "".join(f"#define {k} {v}\n" for k, v in _CONSTANTS.items())
+    + f"#define OUT_COUNT {len(OUT_DTYPES)}\n"
+    + _BODY.replace("CASES", _CASES)
+)
 
 
 def pack_params(
@@ -199,6 +220,7 @@ def pack_params(
         ints[row, P_ICPTS] = icpt_at
         ints[row, P_NICPTS] = len(plan.intercepts)
         ints[row, P_FRAME0] = plan.frame0
+        ints[row, P_OUT] = plan.out_code
         floats[row] = (plan.low, plan.span)
     return ints, floats, np.asarray(table, dtype=np.float64)
 

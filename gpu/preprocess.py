@@ -9,7 +9,8 @@ works in float32 where that gives the same bits: ``exact_in_float32``):
 2. rescale ``x * slope[f] + intercept[f]``, two separately rounded operations;
 3. window ``clip((x - (c - 0.5)) / (w - 1) + 0.5, 0, 1)``; for ``w == 1`` the
    DICOM step (``x > c - 0.5``), since the formula divides by zero there;
-4. one correctly rounded cast to ``out_dtype``;
+4. one correctly rounded cast to ``out_dtype`` (an integer ``out_dtype`` only where
+   every value is an integer it holds: ``narrowest_exact``);
 5. planar colour is written interleaved: ``out[f, p, s] = in[f, s, p]``.
 
 ``plan_chunk`` validates a chunk and fixes every constant (``c - 0.5`` and
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpu.formats import PixelFormat, Transform
+from gpu.formats import OUT_DTYPES, OutDtype, PixelFormat, Transform
 
 # The NumPy twin works through the chunk in blocks of this many samples, so
 # its temporaries stay at a few MiB whatever the chunk size.
@@ -40,6 +41,7 @@ F_STEP = 4
 F_PLANAR = 8
 F_HALF = 16
 F_PER_FRAME = 32
+# (F_HALF is kept for the kernel's flags word; the output type is ``ChunkPlan.out_code``)
 
 DTYPE_CODES = {"<u1": 0, "<i1": 1, "<u2": 2, "<i2": 3, "<u4": 4, "<i4": 5}
 
@@ -66,10 +68,11 @@ class ChunkPlan:
     low: float  # window center - 0.5
     span: float  # window width - 1
     out_dtype: str
+    out_code: int = 0  # index of out_dtype in formats.OUT_DTYPES (the kernel's OUT)
 
     @property
     def out_nbytes(self) -> int:
-        return self.n * (2 if self.flags & F_HALF else 4)
+        return self.n * np.dtype(self.out_dtype).itemsize
 
 
 def plan_chunk(
@@ -88,8 +91,10 @@ def plan_chunk(
         raise ValueError(f"samples per pixel {fmt.samples} is not 1 or 3")
     if min(fmt.rows, fmt.columns, fmt.frames) < 1:
         raise ValueError(f"empty image {fmt.frames}x{fmt.rows}x{fmt.columns}")
-    if transform.out_dtype not in ("float32", "float16"):
-        raise ValueError(f"output dtype {transform.out_dtype!r} is not float32 or float16")
+    if transform.out_dtype not in OUT_DTYPES:
+        raise ValueError(f"output dtype {transform.out_dtype!r} is not one of {OUT_DTYPES}")
+    if transform.window is not None and transform.out_dtype not in ("float32", "float16"):
+        raise ValueError("a windowed output is float32 or float16")
     if nbytes % fmt.itemsize:
         raise ValueError(f"chunk of {nbytes} bytes is not whole {fmt.itemsize}-byte samples")
     n = nbytes // fmt.itemsize
@@ -139,7 +144,47 @@ def plan_chunk(
         low=low,
         span=span,
         out_dtype=transform.out_dtype,
+        out_code=OUT_DTYPES.index(transform.out_dtype),
     )
+
+
+_INTEGER_OUT: tuple[OutDtype, ...] = ("uint8", "int8", "uint16", "int16", "uint32", "int32")
+
+
+def narrowest_exact(fmt: PixelFormat, transform: Transform) -> OutDtype:
+    """The narrowest output dtype that holds every value ``transform`` (its ``out_dtype``
+    aside) gives ``fmt``'s stored samples exactly.
+
+    Without rescale the values are the stored integers: the narrowest integer type
+    of their range (8-bit samples stay ``uint8``). With integer slopes and intercepts
+    (CT's 1 and -1024) they are integers too: the narrowest integer type of
+    ``slope * x + intercept`` over the stored range, every frame's. Otherwise
+    float32 when every value is exact in it (``exact_in_float32``), else float64.
+    A window's values (its division) are exact in no narrower type: those are
+    float32, rounded once as ever.
+    """
+    if transform.window is not None:
+        return "float32"
+    shift = fmt.bits_allocated - fmt.bits_stored
+    bits = 8 * fmt.itemsize - shift
+    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if fmt.signed else (0, (1 << bits) - 1)
+    slopes = transform.slopes if transform.rescale else (1.0,)
+    intercepts = transform.intercepts if transform.rescale else (0.0,)
+    if all(float(v).is_integer() for v in (*slopes, *intercepts)):
+        lows, highs = [], []
+        for k in range(max(len(slopes), len(intercepts))):
+            s = int(slopes[k if len(slopes) > 1 else 0])
+            b = int(intercepts[k if len(intercepts) > 1 else 0])
+            lows.append(min(s * low, s * high) + b)
+            highs.append(max(s * low, s * high) + b)
+        for name in _INTEGER_OUT:
+            info = np.iinfo(name)
+            if info.min <= min(lows) and max(highs) <= info.max:
+                return name
+        return "float64"  # beyond int32 (float64 holds integers to 2**53: all of these)
+    as_float32 = Transform(slopes, intercepts, transform.rescale, None, "float32")
+    plan = plan_chunk(fmt.total_bytes, fmt, as_float32, 0)
+    return "float32" if exact_in_float32(plan) else "float64"
 
 
 def preprocess_numpy(
@@ -198,8 +243,8 @@ def preprocess_numpy(
                 np.divide(y, plan.span, out=y)
                 np.add(y, 0.5, out=y)
                 np.clip(y, 0.0, 1.0, out=y)
-            if not direct:
-                np.copyto(dest, y, casting="same_kind")
+            if not direct:  # integer outputs hold their values exactly (narrowest_exact)
+                np.copyto(dest, y, casting="unsafe")
     return out
 
 

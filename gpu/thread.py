@@ -196,6 +196,16 @@ class DeviceThread:
 
         self._put(_Work(run, concurrent.futures.Future())).result()
 
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``fn`` on the device thread, after the work queued before it (the device's
+        context current there; CuPy usable once ``enable_device_arrays`` ran): how a
+        series hook gets its volume's slabs on the device.
+
+        Raises:
+            RuntimeError: the thread is closed.
+        """
+        return self._put(_Work(fn, concurrent.futures.Future()))
+
     def stats(self) -> dict[str, int | float]:
         """Counters of the thread, its runner and host allocations (a snapshot)."""
         runner = self._runner

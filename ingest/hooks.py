@@ -22,6 +22,12 @@ hook on CUDA does, so the worker imports it at start-up when a hook is set
 (``enable_device_arrays``: CuPy's import is the larger part of a CUDA worker's
 resident memory before its ring), and refuses to start if it is missing.
 
+``DICOM_INGEST_SERIES_HOOK`` (with ``SERIES=volume``) is given each series volume
+the assembler writes, as ``HookSlab``s: eight slices at a time, in order, each
+copied to the device on the device thread (a CuPy array; NumPy on the CPU
+backend), after the slab is on its way to S3. What it raises fails the volume,
+which is tried again after the quiet period (its pending marker stays).
+
 With ``DICOM_INGEST_SINK=none`` nothing is written to S3 and the arrays never
 leave the GPU: the real-time analysis case. The result event and the audit
 record are still published.
@@ -55,23 +61,46 @@ class HookChunk:
 Hook = Callable[[HookChunk], None]
 
 
-def load_hook(spec: str) -> Hook:
-    """Import ``module:attribute`` and check it is callable.
+@dataclass(frozen=True, slots=True)
+class HookSlab:
+    """Slices ``first_slice`` .. ``first_slice + slices`` of a series volume (``SERIES_HOOK``).
+
+    ``array`` has shape ``(slices, *shape[1:])``; ``affine`` maps (slice, row, column)
+    of the whole volume to LPS millimetres (docs/output.md, "Series volumes")."""
+
+    study_instance_uid: str
+    series_instance_uid: str
+    frame_of_reference_uid: str
+    version: str
+    shape: tuple[int, ...]  # the whole volume's
+    dtype: str
+    affine: tuple[tuple[float, ...], ...]
+    first_slice: int
+    slices: int
+    backend: str
+    array: Any  # cupy.ndarray on CUDA, numpy.ndarray on CPU
+
+
+SeriesHook = Callable[[HookSlab], None]
+
+
+def load_hook(spec: str, setting: str = "DICOM_INGEST_HOOK") -> Any:
+    """Import ``module:attribute`` and check it is callable (a ``Hook``, or for
+    ``SERIES_HOOK`` a ``SeriesHook``).
 
     Raises:
         ConfigError: the module or attribute is missing, or not callable.
     """
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ConfigError(f"DICOM_INGEST_HOOK: expected 'module:callable', got {spec!r}")
+        raise ConfigError(f"{setting}: expected 'module:callable', got {spec!r}")
     try:
         target = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"DICOM_INGEST_HOOK: cannot load {spec!r}: {exc}") from exc
+        raise ConfigError(f"{setting}: cannot load {spec!r}: {exc}") from exc
     if not callable(target):
-        raise ConfigError(f"DICOM_INGEST_HOOK: {spec!r} is not callable")
-    hook: Hook = target
-    return hook
+        raise ConfigError(f"{setting}: {spec!r} is not callable")
+    return target
 
 
 def enable_device_arrays(thread: DeviceThread) -> None:

@@ -5,10 +5,11 @@
     services task group
     ├── DeviceStage.run           batches chunks onto the device thread
     ├── commit loop, audit digests, health probe
+    ├── SeriesAssembler.run       (SERIES=volume) series whose quiet period ended
     └── work scope (cancelled at the drain deadline)
         └── objects task group
             ├── intake (cancelled by stop())   poll -> parse -> dedupe -> spawn
-            └── one task per object            process -> outputs -> result -> audit
+            └── one task per object            process -> outputs, series -> result -> audit
 
 Backpressure: ``max_objects_in_flight`` object tasks at most, the ring bounds
 the bytes in flight, the device stage's stream the chunks waiting for it.
@@ -52,8 +53,9 @@ from ingest.ops.health import Health, probe, serving
 from ingest.ops.metrics import finished, stopped_summary, watching
 from ingest.pipeline.jobs import Context
 from ingest.pipeline.process import process_object
+from ingest.pipeline.series import SeriesAssembler
 from ingest.settings import Settings
-from ingest.sink.output import OutputSink
+from ingest.sink.output import OutputSink, output_dtype
 from ingest.sink.records import (
     Processed,
     dead_letter,
@@ -130,6 +132,7 @@ class Worker:
         self._publisher: Publisher | None = None
         self._audit: AuditPublisher | None = None
         self._ctx: Context | None = None
+        self.series: SeriesAssembler | None = None  # with SERIES=volume and an S3 sink
 
     def stop(self) -> None:
         """Graceful stop: no new records; in-flight work gets the shutdown deadline."""
@@ -179,6 +182,10 @@ class Worker:
             stack.push_async_callback(self._member.aclose)  # leaves the group, promptly
             hook = load_hook(s.hook) if s.hook else None
             sink = OutputSink(source, s)
+            if s.series == "volume" and s.sink == "s3":
+                spec = s.series_hook
+                series_hook = load_hook(spec, "DICOM_INGEST_SERIES_HOOK") if spec else None
+                self.series = SeriesAssembler(s, sink, series_hook, thread)
             decoders = DecodePool(s.decode_processes)
             stack.push_async_callback(decoders.aclose)
             clients_up = time.monotonic()
@@ -192,7 +199,7 @@ class Worker:
             # The thread finishes its queued copies before the ring's memory goes.
             stack.push_async_callback(anyio.to_thread.run_sync, thread.close)
             stage = DeviceStage(thread, s)
-            if hook is not None:
+            if hook is not None or s.series_hook:
                 await anyio.to_thread.run_sync(enable_device_arrays, thread)
             self._ctx = Context(s, source, sink, ring, stage, decoders, hook)
             stack.enter_context(watching(self, ring, thread))  # for /metrics
@@ -205,6 +212,8 @@ class Worker:
                 services.start_soon(self._commits.loop)
                 services.start_soon(self._audit.run)  # digests, spool
                 services.start_soon(probe, self.health, self._check_broker, self._check_s3)
+                if self.series is not None:  # series whose quiet period ended, pending ones
+                    await services.start(self.series.run)
                 log.info(
                     "worker started",
                     backend=stage.backend,
@@ -336,9 +345,12 @@ class Worker:
         try:
             done = await process_object(self._ctx, ref)
             written = self.settings.sink == "s3"
-            document = sidecar(done, self.settings.window, self.settings.output_dtype, written)
+            dtype = output_dtype(self.settings, done.header)
+            document = sidecar(done, self.settings.window, dtype, written)
             if written:
                 await self._ctx.sink.put_json(done.sidecar_key, document)
+            if self.series is not None:  # durable before the offset is committed
+                await self.series.add(document)
         except IngestError as exc:
             await self._fail(progress, ref, exc)
             return

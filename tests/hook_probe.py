@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ingest.hooks import HookChunk
+from ingest.hooks import HookChunk, HookSlab
 
 CHUNKS: list[tuple[HookChunk, np.ndarray]] = []
 THREADS: set[str] = set()
@@ -30,3 +30,13 @@ def into_torch(chunk: HookChunk) -> None:
 
     tensor = torch.from_dlpack(chunk.array)
     TENSORS.append((chunk, tensor, tensor.data_ptr() == chunk.array.data.ptr))
+
+
+SLABS: list[tuple[HookSlab, np.ndarray, str]] = []
+
+
+def collect_slabs(slab: HookSlab) -> None:
+    """A series hook: keeps a host copy of every slab and the thread it came on."""
+    array = slab.array
+    host = array.get() if hasattr(array, "get") else np.array(array, copy=True)
+    SLABS.append((slab, host, threading.current_thread().name))

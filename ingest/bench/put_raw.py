@@ -28,7 +28,8 @@ threads, ``output_dtype`` and server-side encryption headers.
 
 The values are the object's own: its first frames' output (at most ``SAMPLE_BYTES``),
 computed in ``prepare`` by the worker's NumPy twin (``gpu.preprocess.preprocess_numpy``)
-from its stored samples, and repeated over the rest of a larger array; past
+from its stored samples (a compressed object's, a slide's tiles, decoded first as
+the worker's CPU path decodes them), and repeated over the rest of a larger array; past
 ``SAMPLE_BUDGET`` of them in all, objects reuse earlier objects' values. They matter:
 SeaweedFS gzips a chunk (of a request naming no Content-Type) whose first 128 bytes
 compress, so its cost per byte can depend on the values: a CT slice's values tiled
@@ -40,6 +41,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import ssl
+import struct
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,10 +49,12 @@ from typing import Any
 
 import numpy as np
 from botocore.utils import percent_encode
+from pydicom.encaps import generate_frames
 
 from gpu.preprocess import preprocess_numpy
 from ingest.bench.readers import ReaderSkipped
 from ingest.bench.workloads import S3Target, Workload
+from ingest.dicom.codec import decode_encapsulated
 from ingest.dicom.header import DicomHeader
 from ingest.dicom.parse import NeedMoreBytes, parse_header
 from ingest.fetch.digest import Digests
@@ -58,7 +62,7 @@ from ingest.fetch.s3 import ObjectHead
 from ingest.fetch.sigv4 import Address, Keys, presigned_url
 from ingest.fetch.threaded_http import ConnectionPool, ca_bundle, put_from
 from ingest.settings import Settings
-from ingest.sink.output import NPY_TYPE, npy_header, output_part_size, sse
+from ingest.sink.output import NPY_TYPE, npy_header, output_dtype, output_part_size, sse
 from ingest.sink.records import Processed, Timings, sidecar
 from ingest.source.notifications import ObjectRef
 
@@ -117,7 +121,7 @@ def output_of(
 ) -> Output:
     """The outputs of source object ``key`` with ``header``, as the sink writes them, its
     array's values taken from ``values`` (repeated)."""
-    dtype = settings.output_dtype
+    dtype = output_dtype(settings, header)
     head = npy_header(header.pixel.shape, dtype)
     total = len(head) + int(np.prod(header.pixel.shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     part = output_part_size(total)
@@ -168,11 +172,11 @@ class PutRawReader:
         spent = 0
         for obj in workload.objects:
             header, etag = self._header(obj.key, obj.size)
-            if header.codec is not None:
-                why = f"{obj.key}: compressed (put-raw computes the values of native ones)"
-                raise ReaderSkipped(why, "compressed")
             if spent < SAMPLE_BUDGET or not samples:
-                samples.append(self._values(obj.key, header))
+                if header.codec is not None:
+                    samples.append(self._decoded_values(obj.key, obj.size, header))
+                else:
+                    samples.append(self._values(obj.key, header))
                 spent += len(samples[-1])
             values = samples[len(self._outputs) % len(samples)]
             out = output_of(self._settings, self._target, obj.key, obj.size, etag, header, values)
@@ -198,13 +202,39 @@ class PutRawReader:
         """The output values of the object's first frames (``SAMPLE_BYTES`` at most), as
         the worker's CPU twin computes them."""
         fmt = header.pixel
-        out_frame = fmt.frame_elements * np.dtype(self._settings.output_dtype).itemsize
+        dtype = output_dtype(self._settings, header)
+        out_frame = fmt.frame_elements * np.dtype(dtype).itemsize
         frames = max(1, min(fmt.frames, SAMPLE_BYTES // out_frame))
         pitch = header.frame_pitch or fmt.frame_bytes  # encapsulated: an item header a frame
         data, _ = self._get(key, header.pixel_offset, (frames - 1) * pitch + fmt.frame_bytes)
         stored = np.frombuffer(data + bytes(pitch - fmt.frame_bytes), np.uint8)
         raw = stored.reshape(frames, pitch)[:, : fmt.frame_bytes].reshape(-1)
-        transform = header.transform(self._settings.window, self._settings.output_dtype)
+        transform = header.transform(self._settings.window, dtype)
+        return preprocess_numpy(raw, fmt, transform, 0).view(np.uint8).data
+
+    def _decoded_values(self, key: str, size: int, header: DicomHeader) -> memoryview:
+        """The output values of a compressed object's first frames (a slide's tiles), decoded
+        as the worker's CPU path decodes them: the frames in the first ``SAMPLE_BYTES`` of
+        its Pixel Data (at least one)."""
+        codec = header.codec
+        assert codec is not None
+        fmt = header.pixel
+        dtype = output_dtype(self._settings, header)
+        length = min(size - header.pixel_offset, max(SAMPLE_BYTES // 8, HEADER_PROBE))
+        data, _ = self._get(key, header.pixel_offset, length)
+        frames: list[bytes] = []
+        try:
+            for frame in generate_frames(data, number_of_frames=fmt.frames):
+                frames.append(frame)
+                if (len(frames) + 1) * fmt.frame_elements * np.dtype(dtype).itemsize > SAMPLE_BYTES:
+                    break
+        except (ValueError, IndexError, struct.error):  # the prefix ends inside a fragment
+            pass
+        if not frames:
+            raise ReaderSkipped(f"{key}: no whole frame in its first {length} bytes", "frames")
+        decoded = decode_encapsulated(codec, frames)
+        raw = np.ascontiguousarray(decoded).reshape(-1).view(np.uint8)
+        transform = header.transform(self._settings.window, dtype)
         return preprocess_numpy(raw, fmt, transform, 0).view(np.uint8).data
 
     def _url(self, key: str, query: list[tuple[str, str]], headers: dict[str, str]) -> str:

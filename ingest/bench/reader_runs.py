@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.bench import gpu as bench_gpu
-from ingest.bench.config import OURS_MODES, BenchConfig, worker_settings
+from ingest.bench.config import OURS_MODES, READERS, BenchConfig, worker_settings
 from ingest.bench.decode import DECODE_READERS, CpuPoolReader, PydicomLoopReader
 from ingest.bench.decode_gpu import (
     NvImageCodecReader,
@@ -40,9 +40,16 @@ from ingest.bench.workloads import DECODE_WORKLOADS, S3Target, Workload
 
 
 def readers_for(workload: str, readers: tuple[str, ...]) -> tuple[str, ...]:
-    """``readers`` that run on ``workload``, in their order."""
+    """``readers`` that run on ``workload``, in their order. ``put-raw`` (the sink's ceiling)
+    runs on a decode workload (a slide's tiles, decoded for their values) only when
+    ``--readers`` names the readers."""
     decode = workload in DECODE_WORKLOADS
-    return tuple(r for r in readers if r in OURS_MODES or (r in DECODE_READERS) == decode)
+    named = readers != READERS
+    return tuple(
+        r
+        for r in readers
+        if r in OURS_MODES or (r == "put-raw" and named) or (r in DECODE_READERS) == decode
+    )
 
 
 def skipped(status: str, note: str, short: str) -> dict[str, Any]:

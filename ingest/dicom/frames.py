@@ -65,3 +65,83 @@ def ds_number(data: bytes, start: int, end: int) -> float:
     if not math.isfinite(number):
         raise Unsure
     return number
+
+
+PIXEL_MEASURES = 0x00289110
+PLANE_POSITION = 0x00209113
+PLANE_ORIENTATION = 0x00209116
+PLANE_POSITION_SLIDE = 0x0048021A
+_PLANE_GROUPS = (PIXEL_MEASURES, PLANE_POSITION, PLANE_ORIENTATION, PLANE_POSITION_SLIDE)
+PIXEL_SPACING = 0x00280030
+SLICE_THICKNESS = 0x00180050
+SPACING_BETWEEN_SLICES = 0x00180088
+IMAGE_POSITION = 0x00200032
+IMAGE_ORIENTATION = 0x00200037
+MATRIX_COLUMN = 0x0048021E
+MATRIX_ROW = 0x0048021F
+
+
+def per_frame_planes(value: bytes, implicit_vr: bool) -> list[dict[str, object]] | None:
+    """Each frame item's plane values (Pixel Measures, Plane Position, Plane
+    Orientation, Plane Position (Slide)) by pydicom keyword, as pydicom gives them
+    (one number, a tuple of several, an int); or None when pydicom must read the
+    sequence. A frame item without a value leaves its keyword out.
+    """
+    try:
+        walker = Walker(value, implicit_vr)
+        return [_frame_planes(walker, start, end) for start, end in walker.items(0, len(value))]
+    except (Unsure, struct.error, ValueError, RecursionError):
+        return None
+
+
+def _frame_planes(walker: Walker, start: int, end: int) -> dict[str, object]:
+    measures, position, orientation, slide = walker.find_any(start, end, _PLANE_GROUPS)
+    out: dict[str, object] = {}
+    if measures is not None:
+        _read_first(walker, measures, out, _MEASURES)
+    if position is not None:
+        _read_first(walker, position, out, ((IMAGE_POSITION, "ImagePositionPatient"),))
+    if orientation is not None:
+        _read_first(walker, orientation, out, ((IMAGE_ORIENTATION, "ImageOrientationPatient"),))
+    if slide is not None:
+        _read_first(walker, slide, out, _SLIDE)
+    return out
+
+
+_MEASURES = (
+    (PIXEL_SPACING, "PixelSpacing"),
+    (SLICE_THICKNESS, "SliceThickness"),
+    (SPACING_BETWEEN_SLICES, "SpacingBetweenSlices"),
+)
+_SLIDE = (
+    (MATRIX_COLUMN, "ColumnPositionInTotalImagePixelMatrix"),
+    (MATRIX_ROW, "RowPositionInTotalImagePixelMatrix"),
+)
+_SIGNED_LONGS = frozenset((MATRIX_COLUMN, MATRIX_ROW))
+
+
+def _read_first(
+    walker: Walker,
+    sequence: tuple[int, int],
+    out: dict[str, object],
+    wanted: tuple[tuple[int, str], ...],
+) -> None:
+    """The wanted values of a sequence's first item (a functional group has one).
+
+    A sequence with other than one item, or a value of another form than the one
+    read here, is left to pydicom."""
+    items = list(walker.items(*sequence))
+    if len(items) != 1:
+        raise Unsure
+    found = walker.find_any(*items[0], tuple(tag for tag, _ in wanted))
+    for (tag, keyword), place in zip(wanted, found, strict=True):
+        if place is None:
+            continue
+        raw = walker.data[place[0] : place[1]]
+        if tag in _SIGNED_LONGS:
+            if len(raw) != 4:
+                raise Unsure
+            out[keyword] = struct.unpack("<i", raw)[0]
+            continue
+        parts = [ds_number(raw, 0, len(raw)) for raw in raw.split(b"\\")]
+        out[keyword] = parts[0] if len(parts) == 1 else tuple(parts)

@@ -23,6 +23,7 @@ from ingest.dicom.fragments import (
     fragment_pitch,
     read_item,
 )
+from ingest.dicom.geometry import Geometry, geometry_of, read_per_frame
 from ingest.dicom.image_pixel import ImagePixel, Values
 from ingest.dicom.slide import Slide, slide_of
 from ingest.dicom.syntaxes import NATIVE_LE
@@ -69,6 +70,8 @@ class DicomHeader:
     # for the audit trail's DICOM audit message only (encrypted there), never logged
     sop_class_uid: str | None = None
     patient_id: str | None = field(default=None, repr=False)
+    # spacing, position, orientation, the affine; None while per_frame_pending
+    geometry: Geometry | None = None
 
     def transform(self, window: tuple[float, float] | None, out_dtype: OutDtype) -> Transform:
         """The preprocessing of this object's samples, with the worker's window and dtype."""
@@ -307,8 +310,11 @@ def header_of(
     codec: Codec | None = None,
     offset_table: tuple[bytes, bytes] | None = None,
 ) -> DicomHeader:
-    """The header from checked parts; ``rescaled`` None: the per-frame values are pending."""
+    """The header from checked parts; ``rescaled`` None: the per-frame values are pending
+    (the per-frame geometry with them)."""
     slopes, intercepts, rescale = rescaled or ((), (), False)
+    per_frame = read_per_frame(values) if rescaled is not None else None
+    geometry = geometry_of(values, pixel.frames, per_frame) if rescaled is not None else None
     return DicomHeader(
         transfer_syntax_uid=syntax,
         study_instance_uid=text(values, "StudyInstanceUID"),
@@ -326,7 +332,8 @@ def header_of(
         frame_pitch=place.pitch,
         codec=codec,
         offset_table=offset_table,
-        slide=slide_of(values, pixel),
+        slide=slide_of(values, pixel, per_frame, geometry.pixel_spacing if geometry else None),
         sop_class_uid=text(values, "SOPClassUID"),
         patient_id=text(values, "PatientID"),
+        geometry=geometry,
     )

@@ -7,7 +7,9 @@ baseline captures, a small JPEG-tiled whole-slide image, one object that is
 not DICOM), publishes their
 notifications in the AWS, MinIO and EventBridge formats plus one malformed
 record, runs the real worker until every object is accounted for, checks the
-dead-letter and audit topics, and prints a summary table.
+dead-letter and audit topics, and prints a summary table, the series volumes
+the worker assembled (``SERIES=volume``: the CT series' slices in one array with
+its affine) and the slide's place of each tile in its whole matrix.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ async def run_demo(device: str, multiframe_mb: int, series: int) -> int:
                 "DICOM_INGEST_AUDIT_KEY": base64.b64encode(key).decode(),
                 "DICOM_INGEST_DEVICE": device,
                 "DICOM_INGEST_WORKER_ID": "demo-worker",
+                "DICOM_INGEST_SERIES": "volume",
             }
         )
         with console.status("Preparing sample objects and uploading them to S3 ..."):
@@ -195,8 +198,82 @@ async def run_demo(device: str, multiframe_mb: int, series: int) -> int:
             trust_on_first_use=True,  # the demo's worker signs with a key of its own
         )
         audit = object_records(trail.records)  # less the application's start and stop
+        volumes = await _series_volumes(settings.output_prefix)
         _print_table(console, outcomes, worker.backend)
-        return _verdict(console, expected, outcomes, dlq, audit, trail.ok)
+        _print_volumes(console, volumes)
+        _print_slides(console, outcomes)
+        verdict = _verdict(console, expected, outcomes, dlq, audit, trail.ok)
+        if not any(v["complete_by_data"] and v["npy"] for v in volumes):
+            console.print("[red]problem: the CT series was not written as a volume")
+            verdict = 1
+        return verdict
+
+
+async def _series_volumes(prefix: str) -> list[dict[str, Any]]:
+    """The newest sidecar of each series volume the worker wrote."""
+    async with get_session().create_client(
+        "s3", endpoint_url=os.environ["DICOM_INGEST_S3_ENDPOINT_URL"]
+    ) as s3:
+        found = []
+        pages = s3.get_paginator("list_objects_v2").paginate(
+            Bucket=OUTPUT, Prefix=f"{prefix}series/"
+        )
+        async for page in pages:
+            for item in page.get("Contents", []):
+                if item["Key"].endswith("/latest.json"):
+                    answer = await s3.get_object(Bucket=OUTPUT, Key=item["Key"])
+                    async with answer["Body"] as body:
+                        found.append(json.loads(await body.read()))
+        return found
+
+
+def _print_volumes(console: Console, volumes: list[dict[str, Any]]) -> None:
+    table = Table(title="series volumes (SERIES=volume)")
+    table.add_column("series", overflow="fold")
+    table.add_column("shape")
+    table.add_column("dtype")
+    table.add_column("spacing mm (slice, row, column)")
+    table.add_column("origin (LPS mm)")
+    table.add_column("complete")
+    for v in sorted(volumes, key=lambda v: -len(v["slices"])):
+        affine = v["affine"]
+        if affine is None:
+            spacing, origin = "-", "; ".join(v["refused"]) or "-"
+        else:
+            steps = [sum(affine[i][k] ** 2 for i in range(3)) ** 0.5 for k in range(3)]
+            spacing = ", ".join(f"{s:.3g}" for s in steps)
+            origin = ", ".join(f"{affine[i][3]:.1f}" for i in range(3))
+        table.add_row(
+            "..." + v["series_instance_uid"][-12:],
+            "x".join(map(str, v["shape"])),
+            v["dtype"],
+            spacing,
+            origin,
+            "by Images in Acquisition" if v["complete_by_data"] else "after the quiet period",
+        )
+    console.print(table)
+
+
+def _print_slides(console: Console, outcomes: list[Outcome]) -> None:
+    for o in outcomes:
+        slide = o.processed.header.slide if o.processed else None
+        if slide is None or o.ref is None:
+            continue
+        places = slide.frame_places()
+        console.print(
+            f"[bold]{o.ref.key}[/bold]: {slide.frames} tiles of {slide.tile_rows}x"
+            f"{slide.tile_columns} in a {slide.total_rows}x{slide.total_columns} matrix"
+            f" ({slide.dimension_organization}), pixel spacing {slide.pixel_spacing} mm,"
+            f" optical paths {list(slide.optical_paths)}"
+        )
+        table = Table(title="each tile's place in the matrix (the sidecar's slide)")
+        table.add_column("frame", justify="right")
+        table.add_column("matrix column", justify="right")
+        table.add_column("matrix row", justify="right")
+        for k in range(min(slide.frames, 8)):
+            column, row = (places[0][k], places[1][k]) if places else ("-", "-")
+            table.add_row(str(k), str(column), str(row))
+        console.print(table)
 
 
 def _print_table(console: Console, outcomes: list[Outcome], backend: str) -> None:

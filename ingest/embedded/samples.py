@@ -161,6 +161,8 @@ def synthetic_ct_series(
         ds = base_dataset(_CT_STORAGE, sop, "CT", study, series)
         ds.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
         ds.InstanceNumber = index + 1
+        ds.FrameOfReferenceUID = uid("ct", seed, "frame-of-reference")
+        ds.ImagesInAcquisition = count
         ds.SliceThickness = "1.25"
         ds.ImagePositionPatient = ["-179.2", "-179.2", f"{-1.25 * index:.2f}"]
         ds.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]

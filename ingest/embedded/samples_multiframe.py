@@ -40,7 +40,13 @@ def _transformation(slope: str, intercept: str) -> Dataset:
 
 
 def _multiframe_header(
-    frames: int, rows: int, columns: int, bits: tuple[int, int], signed: bool, per_frame: bool
+    frames: int,
+    rows: int,
+    columns: int,
+    bits: tuple[int, int],
+    signed: bool,
+    per_frame: bool,
+    positions: bool,
 ) -> Dataset:
     key = ("mf", frames, rows, columns, *bits, signed, per_frame)
     sop = uid(*key, "sop")
@@ -48,19 +54,25 @@ def _multiframe_header(
     ds.ImageType = ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"]
     ds.InstanceNumber = 1
     ds.NumberOfFrames = frames
+    ds.FrameOfReferenceUID = uid(*key, "frame-of-reference")
     image_pixel(ds, rows, columns, bits, signed)
     shared = Dataset()
-    measures = Dataset()
+    measures, orientation = Dataset(), Dataset()
     measures.PixelSpacing, measures.SliceThickness = ["0.5", "0.5"], "1.0"
+    orientation.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
     shared.PixelMeasuresSequence = [measures]
+    shared.PlaneOrientationSequence = [orientation]
     if not per_frame:
         shared.PixelValueTransformationSequence = [_transformation("0.5", "-100")]
     ds.SharedFunctionalGroupsSequence = [shared]
     groups = []
     for index in range(frames):
-        group, content = Dataset(), Dataset()
+        group, content, position = Dataset(), Dataset(), Dataset()
         content.InStackPositionNumber = index + 1
         group.FrameContentSequence = [content]
+        if positions:  # axial frames 1 mm apart, head to feet, as CT volumes often are
+            position.ImagePositionPatient = ["-64", "-64", f"{-1.0 * index:.1f}"]
+            group.PlanePositionSequence = [position]
         if per_frame:
             group.PixelValueTransformationSequence = [_transformation(*frame_rescale(index))]
         groups.append(group)
@@ -99,6 +111,7 @@ def synthetic_multiframe(
     bits_stored: int | None = ...,
     signed: bool = ...,
     per_frame_rescale: bool = ...,
+    plane_positions: bool = ...,
     encapsulated: OffsetTable | None = ...,
     path: None = None,
 ) -> bytes: ...
@@ -112,6 +125,7 @@ def synthetic_multiframe(
     bits_stored: int | None = ...,
     signed: bool = ...,
     per_frame_rescale: bool = ...,
+    plane_positions: bool = ...,
     encapsulated: OffsetTable | None = ...,
     path: str | os.PathLike[str],
 ) -> Path: ...
@@ -124,6 +138,7 @@ def synthetic_multiframe(
     bits_stored: int | None = None,
     signed: bool = False,
     per_frame_rescale: bool = True,
+    plane_positions: bool = True,
     encapsulated: OffsetTable | None = None,
     path: str | os.PathLike[str] | None = None,
 ) -> bytes | Path:
@@ -131,7 +146,9 @@ def synthetic_multiframe(
 
     ``per_frame_rescale``: each frame gets its own Pixel Value Transformation
     (slope ``0.5 + 0.25 (i mod 4)``, intercept ``-1024 + 8 (i mod 16)``); otherwise
-    the shared group holds one (slope 0.5, intercept -100). ``bits_stored``
+    the shared group holds one (slope 0.5, intercept -100). ``plane_positions``: each
+    frame gets its Plane Position (axial, 1 mm apart, head to feet; about 60 bytes
+    of header a frame); the orientation and spacing are shared. ``bits_stored``
     defaults to 8, 12 or 24 for 8, 16 or 32 bits allocated. ``encapsulated``: the
     same frames as Encapsulated Uncompressed, with that offset table (no size
     limit); otherwise native (4 GiB - 2 bytes at most). With ``path`` the object is
@@ -146,7 +163,7 @@ def synthetic_multiframe(
     if encapsulated is None and total > MAX_NATIVE_PIXEL_BYTES:
         raise ValueError("native Pixel Data is limited to 4 GiB - 2 bytes (32-bit length)")
     bits = (bits_allocated, stored)
-    ds = _multiframe_header(frames, rows, columns, bits, signed, per_frame_rescale)
+    ds = _multiframe_header(frames, rows, columns, bits, signed, per_frame_rescale, plane_positions)
     base = (np.arange(rows, dtype=np.int64)[:, None] * 7) + (
         np.arange(columns, dtype=np.int64)[None, :] * 3
     )

@@ -47,6 +47,7 @@ from ingest.pipeline.jobs import (
     encoded_job,
     object_reads,
 )
+from ingest.sink.output import output_dtype
 
 # A group of frames: one decode task and one device chunk. Its decoded values and its
 # output (float32: four times 8-bit values) each stay within this.
@@ -218,7 +219,7 @@ async def decode_whole(
 
     async def produce(emit: Emit) -> None:
         device = decodes_on_device(ctx, header)
-        for group in frame_groups(header, out_itemsize(ctx), device, results_to_host(ctx)):
+        for group in frame_groups(header, out_itemsize(ctx, header), device, results_to_host(ctx)):
             await emit(group, step(group))
 
     await decode_in_order(ctx, target, header, produce, write)
@@ -251,7 +252,7 @@ async def decode_streamed_native(
     check_frame_size(header)
     frame_len, part_size = bits // 8, ctx.settings.part_size
     frames, start = header.pixel.frames, header.pixel_offset
-    per = frames_per_group(header, out_itemsize(ctx))
+    per = frames_per_group(header, out_itemsize(ctx, header))
     end = start + frames * frame_len
     ranges = split_range(start, end, part_size) + split_range(end, obj.head.size, part_size)
 
@@ -343,8 +344,8 @@ def decodes_on_device(ctx: Context, header: DicomHeader) -> bool:
     return ctx.device.decodes and codec is not None and device_colour(codec) is not None
 
 
-def out_itemsize(ctx: Context) -> int:
-    return 2 if ctx.settings.output_dtype == "float16" else 4
+def out_itemsize(ctx: Context, header: DicomHeader) -> int:
+    return np.dtype(output_dtype(ctx.settings, header)).itemsize
 
 
 def results_to_host(ctx: Context) -> bool:

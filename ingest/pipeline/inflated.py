@@ -51,6 +51,7 @@ from ingest.pipeline.decoded import (
     out_itemsize,
 )
 from ingest.pipeline.jobs import Context, Done, Located, Target, decoding, object_reads
+from ingest.sink.output import output_dtype
 from ingest.sink.records import Timings
 
 STEP = 1024 * 1024  # inflated bytes a step (one hand-off to a thread)
@@ -187,7 +188,7 @@ async def _inflate(
     header, prefix = await _read_header(ctx, data_set, stored_bytes)
     timings = Timings(parse_s=time.perf_counter() - started)
     started = time.perf_counter()
-    dtype = ctx.settings.output_dtype
+    dtype = output_dtype(ctx.settings, header)
     async with ctx.sink.array(npy_key, header.pixel.shape, dtype) as out:
         pixels = prefix[header.pixel_offset :]
         del prefix
@@ -253,7 +254,7 @@ async def _frames(
     assert codec is not None
     _check(header)
     frames, bits = codec.number_of_frames, frame_bits(codec)
-    per = frames_per_group(header, out_itemsize(ctx))
+    per = frames_per_group(header, out_itemsize(ctx, header))
     whole = -(-bits * frames // 8)
     if bits % 8 and whole > GROUP_BYTES:
         raise LimitExceeded(

@@ -34,7 +34,7 @@ from ingest.fetch.ring import PinnedRing, Slot
 from ingest.fetch.s3 import ObjectHead, Presigned, S3Source
 from ingest.hooks import Hook, HookChunk
 from ingest.settings import Settings
-from ingest.sink.output import MIN_PART, OutputSink
+from ingest.sink.output import MIN_PART, OutputSink, output_dtype
 from ingest.sink.records import Timings
 from ingest.source.notifications import ObjectRef
 
@@ -201,10 +201,11 @@ def _job(
     elements: int,
 ) -> ChunkJob:
     """A chunk's device job, which hands its result to the user hook when there is one."""
-    transform = header.transform(ctx.settings.window, ctx.settings.output_dtype)
+    dtype = output_dtype(ctx.settings, header)
+    transform = header.transform(ctx.settings.window, dtype)
     on_result = None
     if ctx.hook is not None:
-        hook, shape, dtype = ctx.hook, header.pixel.shape, ctx.settings.output_dtype
+        hook, shape = ctx.hook, header.pixel.shape
 
         def on_result(result: ChunkResult) -> None:  # on the device thread
             array = result.device if result.device is not None else result.host

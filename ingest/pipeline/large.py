@@ -37,7 +37,7 @@ from ingest.pipeline.jobs import (
 )
 from ingest.pipeline.streamed import decode_streamed
 from ingest.settings import Settings
-from ingest.sink.output import ArrayWriter, DiscardWriter
+from ingest.sink.output import ArrayWriter, DiscardWriter, output_dtype
 from ingest.sink.records import Timings
 
 # A header longer than the probe: the prefix grows at least this many times over per
@@ -123,7 +123,8 @@ async def read_large(
     timings = Timings()
     if layout.codec is not None:  # encapsulated frames, decoded as their ranges arrive
         t = time.perf_counter()
-        async with ctx.sink.array(npy_key, layout.pixel.shape, ctx.settings.output_dtype) as out:
+        dtype = output_dtype(ctx.settings, layout)
+        async with ctx.sink.array(npy_key, layout.pixel.shape, dtype) as out:
             compressed = is_compressed(layout.transfer_syntax_uid)
             stream = decode_streamed if compressed else decode_streamed_native
             await stream(ctx, obj, layout, hasher, out.write)
@@ -134,11 +135,15 @@ async def read_large(
     target = obj.target
     trailer = split_range(chunks[-1].range.end, obj.head.size, ctx.settings.part_size)
     t = time.perf_counter()
+    header = layout
+    if prefix is not None and ctx.settings.output_dtype == "exact":
+        # the output's type depends on the per-frame rescale values: read them first
+        header = await anyio.to_thread.run_sync(_parse_in_full, prefix, obj.head.size, ctx.settings)
+        prefix = None
     async with (
-        ctx.sink.array(npy_key, layout.pixel.shape, ctx.settings.output_dtype) as out,
+        ctx.sink.array(npy_key, layout.pixel.shape, output_dtype(ctx.settings, header)) as out,
         object_reads(ctx, obj, [c.range for c in chunks], hasher) as reads,
     ):
-        header = layout
         if prefix is not None:  # counted in device_s: the first ranges arrive meanwhile
             header = await anyio.to_thread.run_sync(
                 _parse_in_full, prefix, obj.head.size, ctx.settings

@@ -36,7 +36,7 @@ from ingest.pipeline.inflated import inflate_ranged, inflate_whole
 from ingest.pipeline.jobs import Context, Done, Located, chunk_job, decoding, pixel_chunks
 from ingest.pipeline.large import read_header, read_large
 from ingest.settings import Settings
-from ingest.sink.output import output_keys
+from ingest.sink.output import output_dtype, output_keys
 from ingest.sink.records import Processed, Timings
 from ingest.source.notifications import ObjectRef
 
@@ -155,7 +155,7 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _
         if header.codec is not None:
             value = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
             t = time.perf_counter()
-            shape, dtype = header.pixel.shape, ctx.settings.output_dtype
+            shape, dtype = header.pixel.shape, output_dtype(ctx.settings, header)
             async with ctx.sink.array(npy_key, shape, dtype) as out:
                 await decode_whole(ctx, obj.target, header, value, out.write)
             timings.device_s = time.perf_counter() - t
@@ -164,7 +164,7 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _
         chunk = pixel_chunks(header, obj.head.size + 2 * ITEM_HEADER)[0]
         view = data[chunk.range.start : chunk.range.end]
         t = time.perf_counter()
-        shape, dtype = header.pixel.shape, ctx.settings.output_dtype
+        shape, dtype = header.pixel.shape, output_dtype(ctx.settings, header)
         async with ctx.sink.array(npy_key, shape, dtype) as out:
             job = chunk_job(ctx, obj.target, header, slot, view, chunk)
             result = await ctx.device.process(job)

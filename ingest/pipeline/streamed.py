@@ -69,7 +69,7 @@ async def decode_streamed(
     device = decodes_on_device(ctx, header)
     stream = frame_stream(header, obj.head.size, ctx.settings.part_size, views=device)
     ranges = stream.ranges
-    per = frames_per_group(header, out_itemsize(ctx), device, results_to_host(ctx))
+    per = frames_per_group(header, out_itemsize(ctx, header), device, results_to_host(ctx))
     refs = SlotRefs()
     fmt, colour = device_format(codec), device_colour(codec)
 

@@ -48,8 +48,9 @@ MiB: Final = 1024 * KiB
 GiB: Final = 1024 * MiB
 
 Device = Literal["auto", "cuda", "cpu"]
-OutputDtype = Literal["float32", "float16"]
+OutputDtype = Literal["float32", "float16", "exact"]
 Sink = Literal["s3", "none"]
+Series = Literal["off", "volume"]
 SourceHash = Literal["crc64nvme", "sha256", "sha256-tree", "none"]
 GpuDecode = Literal["auto", "off"]
 LogFormat = Literal["auto", "json", "console"]
@@ -83,7 +84,36 @@ class Settings:
     window: tuple[float, float] | None = contract(
         None, WINDOW, "`none`, or `CENTER,WIDTH` (width >= 1)"
     )
-    output_dtype: OutputDtype = contract("float32", one_of(OutputDtype), "`float32` or `float16`")
+    output_dtype: OutputDtype = contract(
+        "float32",
+        one_of(OutputDtype),
+        (
+            "`float32`, `float16`, or `exact`: each object's values in the narrowest type that"
+            " holds them exactly (8-bit stays `uint8`, CT `int16`; docs/output.md)"
+        ),
+    )
+    series: Series = contract(
+        "off",
+        one_of(Series),
+        (
+            "`volume` also writes each series' slices as one volume with its affine, once the"
+            " data says the series is complete or after `SERIES_QUIET_S` (docs/output.md);"
+            " `off` by default: it reads every slice back and writes it again"
+        ),
+    )
+    series_hook: str | None = contract(
+        None,
+        OPTIONAL_TEXT,
+        (
+            "`module:callable` given each series volume on the device thread, a slab of"
+            " slices at a time (`SERIES=volume`; see `ingest/hooks.py`)"
+        ),
+    )
+    series_quiet_s: float = contract(
+        60.0,
+        number(0.1, 86400.0),
+        "seconds after a series' last slice before its volume is written without a count",
+    )
     device: Device = contract("auto", one_of(Device), "`auto`, `cuda`, `cpu`")
     audit_key_id: str = tuning("local-1", TEXT, "the `kid` written into every audit envelope")
     sink: Sink = tuning(

@@ -26,7 +26,10 @@ import anyio
 import numpy as np
 from anyio.abc import TaskGroup
 
-from ingest.errors import SinkError
+from gpu.formats import OutDtype
+from gpu.preprocess import narrowest_exact
+from ingest.dicom.header import DicomHeader
+from ingest.errors import ObjectNotFound, SinkError
 from ingest.fetch.s3 import S3Source, translate_s3_error
 from ingest.retry import with_retries
 from ingest.settings import Settings
@@ -46,6 +49,19 @@ def output_part_size(total: int) -> int:
     """Bytes per multipart part for an output of ``total`` bytes: 8 MiB, or the
     smallest whole MiB that keeps the upload within ``MAX_PARTS`` parts."""
     return max(MIN_PART, -(-total // (MAX_PARTS * _MIB)) * _MIB)
+
+
+def output_dtype(settings: Settings, header: DicomHeader) -> OutDtype:
+    """The dtype of one object's output: ``OUTPUT_DTYPE``, or with ``exact`` the narrowest
+    that holds this object's values exactly (``gpu.preprocess.narrowest_exact``).
+
+    Raises:
+        RuntimeError: ``exact`` for a header whose per-frame rescale values are not
+            read yet (a caller bug: parse it in full first).
+    """
+    if settings.output_dtype != "exact":
+        return settings.output_dtype
+    return narrowest_exact(header.pixel, header.transform(settings.window, "float32"))
 
 
 def output_keys(settings: Settings, bucket: str, key: str) -> tuple[str, str]:
@@ -275,6 +291,62 @@ class OutputSink:
     async def put_json(self, key: str, document: Mapping[str, Any]) -> None:
         body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
         await self.put(key, [memoryview(body)], "application/json")
+
+    async def get(self, key: str) -> bytes | None:
+        """A whole output object's bytes, or None when there is none (series assembly reads
+        its member records and slices back).
+
+        Raises:
+            SinkError: the read failed for good.
+        """
+
+        async def call() -> bytes | None:
+            try:
+                with anyio.fail_after(self.settings.read_timeout_s):
+                    answer = await self._client.get_object(
+                        Bucket=self.settings.output_bucket, Key=key
+                    )
+                    async with answer["Body"] as body:
+                        data: bytes = await body.read()
+                return data
+            except Exception as exc:
+                if isinstance(translate_s3_error(exc, "get_object"), ObjectNotFound):
+                    return None
+                raise self._translate(exc, "get_object") from exc
+
+        return await with_retries(self.settings, call)
+
+    async def keys(self, prefix: str) -> list[str]:
+        """The output bucket's keys under ``prefix``, in S3's (lexical) order.
+
+        Raises:
+            SinkError: the listing failed for good.
+        """
+        found: list[str] = []
+        token: str | None = None
+        while True:
+            extra = {"ContinuationToken": token} if token else {}
+
+            async def call(extra: dict[str, str] = extra) -> Any:
+                return await self._call("list_objects_v2", Prefix=prefix, **extra)
+
+            page = await with_retries(self.settings, call)
+            found.extend(str(item["Key"]) for item in page.get("Contents", []))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return found
+
+    async def delete(self, key: str) -> None:
+        """Remove an output object (a series' pending marker once its volume is written).
+
+        Raises:
+            SinkError: the delete failed for good.
+        """
+
+        async def call() -> None:
+            await self._call("delete_object", Key=key)
+
+        await with_retries(self.settings, call)
 
     async def _create_upload(self, key: str) -> str:
         async def call() -> str:

@@ -10,7 +10,6 @@ message.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -60,6 +59,7 @@ def sidecar(
     """The sidecar JSON, also published on the results topic (``output`` null with no sink)."""
     h = done.header
     t = done.timings
+    g = h.geometry
     return {
         "source": {
             "bucket": done.ref.bucket,
@@ -80,7 +80,13 @@ def sidecar(
         "photometric_interpretation": h.photometric_interpretation,
         # what turned the stored samples into pixel_array's values (empty: none needed)
         "conversions": list(conversions(h.codec)) if h.codec is not None else [],
-        "slide": dataclasses.asdict(h.slide) if h.slide is not None else None,
+        "slide": h.slide.as_json() if h.slide is not None else None,
+        "geometry": h.geometry.as_json() if h.geometry is not None else None,
+        "instance": {  # where the object sits in its series (what a series assembly reads)
+            "instance_number": g.instance_number if g else None,
+            "acquisition_number": g.acquisition_number if g else None,
+            "images_in_acquisition": g.images_in_acquisition if g else None,
+        },
         "shape": list(h.pixel.shape),
         "dtype": dtype,
         "window": list(window) if window else None,

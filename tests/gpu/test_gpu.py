@@ -8,6 +8,7 @@ the device machine with ``python3 -m pytest -m gpu tests/gpu/test_gpu.py -s``
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from gpu import kernel
 from gpu.formats import PixelFormat, Transform
 from gpu.jobs import ChunkJob, ChunkResult
 from gpu.memory import ALIGNMENT, COUNTERS
-from gpu.preprocess import preprocess_cupy, preprocess_numpy
+from gpu.preprocess import narrowest_exact, preprocess_cupy, preprocess_numpy
 from gpu.thread import DeviceThread
 
 pytestmark = pytest.mark.gpu
@@ -101,6 +102,22 @@ def test_cupy_matches_numpy(fmt: PixelFormat, transform: Transform) -> None:
     first, stop = unit * (fmt.total_elements // unit // 3), fmt.total_elements - unit
     part = raw[first * fmt.itemsize : stop * fmt.itemsize]
     assert_identical(on_gpu(part, fmt, transform, first), whole[first:stop])
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+@pytest.mark.parametrize("transform", TRANSFORMS, ids=str)
+def test_cupy_matches_numpy_in_the_narrowest_exact_type(
+    fmt: PixelFormat, transform: Transform
+) -> None:
+    """``OUTPUT_DTYPE=exact``: integer, float32 and float64 outputs, the same bytes."""
+    if transform.rescale and len(transform.slopes) not in (1, fmt.frames):
+        pytest.skip("per-frame values for another frame count")
+    exact = dataclasses.replace(transform, out_dtype=narrowest_exact(fmt, transform))
+    raw = np.random.default_rng(fmt.total_bytes).bytes(fmt.total_bytes)
+    want = preprocess_numpy(np.frombuffer(raw, np.uint8), fmt, exact, 0)
+    got = on_gpu(raw, fmt, exact, 0)
+    assert got.dtype == want.dtype
+    assert got.tobytes() == want.tobytes()
 
 
 def test_random_formats_and_transforms() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import struct
@@ -350,3 +351,72 @@ def test_which_chunks_take_the_float32_path(
     assert gpu.preprocess.exact_in_float32(plan) is exact
     raw = np.random.default_rng(3).bytes(fmt.total_bytes)
     assert_identical(run(raw, fmt, transform), reference(raw, fmt, transform))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "transform", "expected"),
+    [
+        (PixelFormat(4, 4, 2, 3, 8, 8, False, False), Transform(), "uint8"),  # 8-bit colour
+        (PixelFormat(4, 4, 2, 1, 8, 8, False, False), Transform(), "uint8"),
+        (PixelFormat(4, 4, 1, 1, 8, 7, True, False), Transform(), "int8"),
+        (PixelFormat(4, 4, 1, 1, 16, 12, False, False), Transform(), "uint16"),
+        # CT: 12 bits stored, signed, slope 1, intercept -1024
+        (
+            PixelFormat(4, 4, 2, 1, 16, 12, True, False),
+            Transform((1.0,), (-1024.0,), True),
+            "int16",
+        ),
+        # unsigned 16 bits less 1024 no longer fit int16
+        (
+            PixelFormat(4, 4, 1, 1, 16, 16, False, False),
+            Transform((1.0,), (-1024.0,), True),
+            "int32",
+        ),
+        (PixelFormat(4, 4, 1, 1, 8, 8, False, False), Transform((2.0,), (-1.0,), True), "int16"),
+        # non-integer slopes: float32 while every value is exact in it, else float64
+        (
+            PixelFormat(4, 4, 2, 1, 16, 12, True, False),
+            Transform((0.5,), (-100.0,), True),
+            "float32",
+        ),
+        (PixelFormat(4, 4, 2, 1, 16, 16, True, False), Transform((0.1,), (0.0,), True), "float64"),
+        (
+            PixelFormat(4, 4, 3, 1, 16, 12, True, False),
+            Transform((0.5, 0.75, 1.0), (-1024.0, -1016.0, -1008.0), True),
+            "float32",
+        ),
+        (
+            PixelFormat(4, 4, 1, 1, 32, 32, False, False),
+            Transform((1.0,), (-1.0,), True),
+            "float64",
+        ),
+        # a window's values are float32, rounded once as ever
+        (PixelFormat(4, 4, 1, 1, 16, 12, True, False), Transform(window=(40.0, 400.0)), "float32"),
+    ],
+)
+def test_narrowest_exact_holds_every_value_exactly(
+    fmt: PixelFormat, transform: Transform, expected: str
+) -> None:
+    chosen = gpu.preprocess.narrowest_exact(fmt, transform)
+    assert chosen == expected
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, fmt.total_bytes, dtype=np.uint8)
+    info = np.iinfo(fmt.stored_dtype)  # the extremes of the stored range are in it too
+    extremes = np.array([info.min, info.max], dtype=fmt.stored_dtype).view(np.uint8)
+    raw[: extremes.size] = extremes
+    exact = dataclasses.replace(transform, out_dtype=chosen)
+    got = preprocess_numpy(raw, fmt, exact, 0)
+    assert got.dtype == np.dtype(chosen)
+    assert_identical(got, reference(raw.tobytes(), fmt, exact))
+    if transform.window is None:  # the values themselves, not a rounding of them
+        as_float64 = dataclasses.replace(transform, out_dtype="float64")
+        np.testing.assert_array_equal(
+            got.astype(np.float64), preprocess_numpy(raw, fmt, as_float64, 0)
+        )
+        assert np.array_equal(got.astype(np.float64), reference(raw.tobytes(), fmt, as_float64))
+
+
+def test_integer_outputs_refuse_a_window() -> None:
+    fmt = PixelFormat(2, 2, 1, 1, 8, 8, False, False)
+    with pytest.raises(ValueError, match="windowed"):
+        plan_chunk(4, fmt, Transform(window=(1.0, 2.0), out_dtype="uint8"), 0)

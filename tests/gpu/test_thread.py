@@ -245,3 +245,18 @@ def test_a_failed_set_up_fails_what_was_queued_behind_it(monkeypatch: pytest.Mon
             device.start()  # the blocking form raises the set-up's own error
     finally:
         device.close()
+
+
+def test_call_runs_on_the_device_thread_after_queued_work() -> None:
+    with DeviceThread("cpu") as thread:
+        names: list[str] = []
+        first = thread.call(lambda: names.append("first"))
+        where = thread.call(lambda: threading.current_thread().name)
+        assert where.result(timeout=10) == "dicom-ingest-device"
+        assert first.done()
+        assert names == ["first"]
+        failing = thread.call(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failing.result(timeout=10)
+    with pytest.raises(RuntimeError, match="closed"):
+        thread.call(lambda: None)

@@ -23,6 +23,7 @@ from ingest.embedded.samples import (
     synthetic_ct_series,
     synthetic_multiframe,
 )
+from ingest.embedded.samples_slide import jpeg_slide_bytes
 from ingest.embedded.stack import Stack
 from ingest.worker import Worker
 from tests import harness
@@ -209,3 +210,61 @@ async def test_a_device_that_cannot_be_set_up_fails_the_start_with_its_own_error
     harness.prepare(stack, names)
     with anyio.fail_after(60), pytest.raises(OSError, match="no device here"):
         await Worker(harness.make_settings(stack, names, device="cpu")).run()
+
+
+async def test_exact_output_types_and_geometry_in_sidecars(stack: Stack) -> None:
+    """``OUTPUT_DTYPE=exact``: each array in the narrowest type that holds pydicom's values
+    exactly, whichever read path it took (one GET, ranged chunks, per-frame rescale values
+    read while the chunks arrive, decoded JPEG tiles); each sidecar names that type and
+    carries the object's geometry, a slide its matrix."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    objects = harness.corpus()
+    objects["slide/jpeg.dcm"] = jpeg_slide_bytes(tiles_across=3, tiles_down=2, tile=32)
+    objects["enhanced/large.dcm"] = synthetic_multiframe(16, 96, 96)  # per-frame, ranged
+    await harness.upload(stack, names.source_bucket, objects.items())
+    await harness.publish(
+        stack,
+        names.source_topic,
+        [harness.aws_notification(names.source_bucket, [k]) for k in objects],
+    )
+    settings = harness.make_settings(stack, names, output_dtype="exact")
+
+    run = await harness.run_worker(settings, stop_after=len(objects))
+
+    assert all(o.processed for o in run.outcomes)
+    results = harness.by_key(await harness.read_json_topic(stack, names.results_topic))
+    expected_types = {
+        "ct/ct-series/slice-0001.dcm": "int16",  # slope 1, intercept -1024
+        "pydicom/examples_rgb_color.dcm": "uint8",
+        "slide/jpeg.dcm": "uint8",
+        "rgb/planar.dcm": "uint8",
+        "pydicom/rtdose.dcm": "uint32",
+        "enhanced/large.dcm": "float32",  # slopes 0.5 .. 1.25
+    }
+    for key, data in objects.items():
+        out = harness.load_npy(
+            await harness.get_object(
+                stack, names.output_bucket, f"out/{names.source_bucket}/{key}.npy"
+            )
+        )
+        values = reference_array(data, None, "float64")
+        assert out.shape == values.shape, key
+        assert np.array_equal(out.astype(np.float64), values), key  # exact, not rounded
+        assert out.tobytes() == reference_array(data, None, str(out.dtype)).tobytes(), key
+        assert results[key]["dtype"] == str(out.dtype), key
+        if key in expected_types:
+            assert str(out.dtype) == expected_types[key], key
+        assert out.dtype.itemsize <= 4 or key.startswith("pydicom/"), key
+        assert results[key]["geometry"] is not None, key
+    ct = results["ct/ct-series/slice-0002.dcm"]["geometry"]
+    assert ct["frame_of_reference_uid"]
+    assert ct["affine"][2][3] == -1.25  # the second slice's position
+    assert ct["missing"] == ["SpacingBetweenSlices"]
+    enhanced = results["enhanced/large.dcm"]["geometry"]
+    assert len(enhanced["frame_positions"]) == 16
+    assert enhanced["slice_step_from"] == "frame positions"
+    slide = results["slide/jpeg.dcm"]["slide"]
+    assert slide["frame_columns"] == [1, 33, 65, 1, 33, 65]
+    assert slide["frame_rows"] == [1, 1, 1, 33, 33, 33]
+    assert slide["pixel_spacing"] == [0.00025, 0.00025]

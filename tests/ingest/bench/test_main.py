@@ -200,6 +200,7 @@ def test_readers_fit_their_workloads() -> None:
         "curl", "threads", "kvikio-raw", "naive", "kvikio", "put-raw", "ours", "ours-hook",
     )  # fmt: skip
     assert readers_for("slide", READERS) == DECODE_RUN
+    assert readers_for("slide", ("put-raw", "ours")) == ("put-raw", "ours")  # named: the sink's
     assert readers_for("ct-rle", ("threads", "ours-hook", "cpu-pool")) == ("ours-hook", "cpu-pool")
 
 

@@ -194,7 +194,7 @@ def test_prefixes_ask_for_more_then_succeed(name: str, make: Callable[[], bytes]
 @pytest.mark.parametrize(("name", "make"), CASES, ids=[c[0] for c in CASES])
 def test_layout_first_then_in_full(name: str, make: Callable[[], bytes] | None) -> None:
     """``per_frame=False`` (a large object's first parse in the worker) gives the full
-    header but for per-frame rescale values, which wait for the parse in full."""
+    header but for per-frame rescale values and geometry, which wait for the parse in full."""
     data = load(name, make)
     full = parse(data)
     layout = parse(data, per_frame=False)
@@ -214,7 +214,10 @@ def test_layout_first_then_in_full(name: str, make: Callable[[], bytes] | None) 
         transform_intercepts=full.transform_intercepts,
         rescale=full.rescale,
         per_frame_pending=False,
+        geometry=full.geometry,  # its per-frame positions wait with the rescale values
+        slide=full.slide,
     )
+    assert layout.geometry is None
     assert completed == full
 
 

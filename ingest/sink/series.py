@@ -1,0 +1,294 @@
+"""Series volumes, the pure part: which instances make a volume, in what order, with what affine.
+
+Each single-frame instance of a series that has a geometry leaves a *member record*
+beside the outputs (``member_of``: its SOP Instance UID, output key, shape,
+dtype, position, orientation, spacing, Instance/Acquisition Number and Images in
+Acquisition). A volume is planned from the member records of one series and
+frame of reference alone (``plan_volume``), so whoever lists them, after any
+restart, plans the same volume:
+
+- sorted along the slice normal (the cross product of the orientation's row and
+  column cosines), by each position's distance along it;
+- checked: every member has the same rows, columns, samples, orientation and
+  pixel spacing (else no volume: ``refused``); two members at one position are
+  duplicates, the first by (Acquisition Number, Instance Number, SOP Instance
+  UID) is kept and the rest named; members of several acquisitions are named;
+  the steps between positions must be equal within ``tolerance`` of the smallest
+  (a step of about twice the smallest is a missing slice, named with where it is),
+  else no volume;
+- complete when the data says so (every member names the same Images in
+  Acquisition and that many distinct positions are there) or, by the caller's
+  clock, after a quiet period;
+- versioned by its content: ``version`` is a digest of the members' SOP
+  Instance UIDs and output digests, so planning the same members gives the same
+  keys and bytes (idempotent), and a late slice makes a new version beside the
+  old, never a change to it.
+
+The volume's affine maps (slice, row, column) to LPS millimetres as each
+instance's does (``ingest.dicom.geometry``), its slice column the mean step from
+the first slice to the last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+# Steps between slice positions count as equal within this fraction of their median.
+DEFAULT_TOLERANCE: Final = 0.01
+_SAME_POSITION_MM: Final = 1e-3
+_ORIENTATION_TOLERANCE: Final = 1e-4
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesId:
+    """One volume's instances: a series within one frame of reference."""
+
+    study: str
+    series: str
+    frame_of_reference: str
+
+    @property
+    def path(self) -> str:
+        return f"{self.study}/{self.series}/{self.frame_of_reference}"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One single-frame instance of a series, as its member record says."""
+
+    sop_instance_uid: str
+    npy: str  # the instance's output key
+    content: str  # what identifies its bytes: the source's digest or ETag
+    shape: tuple[int, ...]  # (1, rows, columns[, samples])
+    dtype: str
+    position: tuple[float, float, float]
+    orientation: tuple[float, ...]
+    pixel_spacing: tuple[float, float]
+    instance_number: int | None
+    acquisition_number: int | None
+    images_in_acquisition: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "sop_instance_uid": self.sop_instance_uid,
+            "npy": self.npy,
+            "content": self.content,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "position": list(self.position),
+            "orientation": list(self.orientation),
+            "pixel_spacing": list(self.pixel_spacing),
+            "instance_number": self.instance_number,
+            "acquisition_number": self.acquisition_number,
+            "images_in_acquisition": self.images_in_acquisition,
+        }
+
+
+def member_from_json(doc: Mapping[str, Any]) -> Member:
+    """A member record read back (``Member.as_json``'s form).
+
+    Raises:
+        KeyError, TypeError, ValueError: not a member record.
+    """
+    position = tuple(float(v) for v in doc["position"])
+    spacing = tuple(float(v) for v in doc["pixel_spacing"])
+    if len(position) != 3 or len(spacing) != 2:
+        raise ValueError("a member record's position or spacing has the wrong length")
+    return Member(
+        sop_instance_uid=str(doc["sop_instance_uid"]),
+        npy=str(doc["npy"]),
+        content=str(doc["content"]),
+        shape=tuple(int(v) for v in doc["shape"]),
+        dtype=str(doc["dtype"]),
+        position=(position[0], position[1], position[2]),
+        orientation=tuple(float(v) for v in doc["orientation"]),
+        pixel_spacing=(spacing[0], spacing[1]),
+        instance_number=_optional_int(doc.get("instance_number")),
+        acquisition_number=_optional_int(doc.get("acquisition_number")),
+        images_in_acquisition=_optional_int(doc.get("images_in_acquisition")),
+    )
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def member_of(sidecar: Mapping[str, Any]) -> tuple[SeriesId, Member] | None:
+    """The series and member record of an instance's sidecar, or None when it is not
+    a slice of a volume: no output, more than one frame, or no study, series, frame
+    of reference, position, orientation or pixel spacing."""
+    geometry = sidecar.get("geometry") or {}
+    output = sidecar.get("output") or {}
+    instance = sidecar.get("instance") or {}
+    shape = sidecar.get("shape") or []
+    study, series = sidecar.get("study_instance_uid"), sidecar.get("series_instance_uid")
+    frame_of_reference = geometry.get("frame_of_reference_uid")
+    sop = sidecar.get("sop_instance_uid")
+    position = geometry.get("image_position_patient")
+    orientation = geometry.get("image_orientation_patient")
+    spacing = geometry.get("pixel_spacing")
+    needed = (study, series, frame_of_reference, sop, position, orientation, spacing)
+    if any(v is None for v in needed) or not output.get("npy") or not shape or shape[0] != 1:
+        return None
+    source = sidecar.get("source") or {}
+    content = next(
+        (str(source[k]) for k in ("crc64nvme", "sha256", "sha256_tree", "etag") if source.get(k)),
+        "",
+    )
+    member = member_from_json(
+        {
+            "sop_instance_uid": sop,
+            "npy": output["npy"],
+            "content": content,
+            "shape": shape,
+            "dtype": sidecar.get("dtype"),
+            "position": position,
+            "orientation": orientation,
+            "pixel_spacing": spacing,
+            **instance,
+        }
+    )
+    return SeriesId(str(study), str(series), str(frame_of_reference)), member
+
+
+@dataclass(frozen=True, slots=True)
+class VolumePlan:
+    """A volume to write, or (``refused``) why there is none."""
+
+    series: SeriesId
+    members: tuple[Member, ...]  # the slices, sorted along the normal
+    shape: tuple[int, ...]  # (slices, rows, columns[, samples])
+    dtype: str  # every member's values exactly (NumPy's promotion of their types)
+    affine: tuple[tuple[float, ...], ...] | None
+    step_mm: float | None  # between consecutive slices
+    version: str
+    complete_by_data: bool  # Images in Acquisition says every slice is here
+    duplicates: tuple[str, ...]  # SOP Instance UIDs left out: a kept slice has their position
+    acquisitions: tuple[int, ...]  # more than one: the series mixes acquisitions
+    refused: tuple[str, ...]  # why no volume is written (gaps, uneven steps, mixed sizes)
+
+    def as_json(self, npy: str | None) -> dict[str, Any]:
+        """The volume's sidecar (docs/output.md, "Series volumes")."""
+        return {
+            "study_instance_uid": self.series.study,
+            "series_instance_uid": self.series.series,
+            "frame_of_reference_uid": self.series.frame_of_reference,
+            "version": self.version,
+            "npy": npy,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "affine": [list(row) for row in self.affine] if self.affine else None,
+            "affine_space": "LPS",
+            "affine_axes": ["slice", "row", "column"],
+            "slice_step_mm": self.step_mm,
+            "complete_by_data": self.complete_by_data,
+            "slices": [
+                {"sop_instance_uid": m.sop_instance_uid, "npy": m.npy, "position": list(m.position)}
+                for m in self.members
+            ],
+            "duplicates": list(self.duplicates),
+            "acquisitions": list(self.acquisitions),
+            "refused": list(self.refused),
+        }
+
+
+def version_of(members: Sequence[Member]) -> str:
+    """A digest of which instances, with which bytes, a volume is made of."""
+    digest = hashlib.sha256()
+    for member in sorted(members, key=lambda m: m.sop_instance_uid):
+        digest.update(json.dumps([member.sop_instance_uid, member.content]).encode())
+    return digest.hexdigest()[:16]
+
+
+def plan_volume(
+    series: SeriesId, members: Sequence[Member], tolerance: float = DEFAULT_TOLERANCE
+) -> VolumePlan:
+    """The volume the member records make (see the module's docstring for the rules)."""
+    refused: list[str] = []
+    version = version_of(members)
+    if not members:
+        return _refused(series, version, ("no slices",))
+    first = members[0]
+    if len({m.shape[1:] for m in members}) > 1:
+        refused.append("the slices' sizes differ")
+    if len({m.pixel_spacing for m in members}) > 1:
+        refused.append("the slices' pixel spacings differ")
+    reference = np.asarray(first.orientation, dtype=np.float64)
+    if any(
+        len(m.orientation) != 6
+        or np.abs(np.asarray(m.orientation) - reference).max() > _ORIENTATION_TOLERANCE
+        for m in members
+    ):
+        refused.append("the slices' orientations differ")
+    if refused:
+        return _refused(series, version, tuple(refused))
+    orientation = np.asarray(first.orientation, dtype=np.float64)
+    normal = np.cross(orientation[:3], orientation[3:])
+    order = sorted(
+        members,
+        key=lambda m: (
+            float(np.dot(m.position, normal)),
+            m.acquisition_number if m.acquisition_number is not None else 0,
+            m.instance_number if m.instance_number is not None else 0,
+            m.sop_instance_uid,
+        ),
+    )
+    kept: list[Member] = []
+    duplicates: list[str] = []
+    for member in order:
+        at = float(np.dot(member.position, normal))
+        if kept and abs(at - float(np.dot(kept[-1].position, normal))) <= _SAME_POSITION_MM:
+            duplicates.append(member.sop_instance_uid)
+            continue
+        kept.append(member)
+    distances = [float(np.dot(m.position, normal)) for m in kept]
+    steps = [b - a for a, b in itertools.pairwise(distances)]
+    step = min(steps) if steps else None
+    if step is not None:
+        for index, gap in enumerate(steps):
+            if abs(gap - step) > tolerance * step:
+                missing = round(gap / step) - 1
+                what = f"{missing} missing slice(s)" if missing >= 1 else "an uneven step"
+                refused.append(
+                    f"{what} after slice {index} ({gap:.4g} mm where the smallest step is"
+                    f" {step:.4g} mm)"
+                )
+    totals = {m.images_in_acquisition for m in members}
+    total = next(iter(totals)) if len(totals) == 1 else None
+    complete = total is not None and total == len(kept)
+    acquisitions = sorted({m.acquisition_number for m in kept if m.acquisition_number is not None})
+    dtype = str(np.result_type(*{np.dtype(m.dtype) for m in kept}))
+    affine = None
+    if not refused:
+        matrix = np.eye(4)
+        matrix[:3, 0] = normal * (step if step is not None else 1.0)
+        matrix[:3, 1] = orientation[3:] * first.pixel_spacing[0]
+        matrix[:3, 2] = orientation[:3] * first.pixel_spacing[1]
+        matrix[:3, 3] = kept[0].position
+        if steps:  # the step along the positions, not only its length along the normal
+            matrix[:3, 0] = (np.asarray(kept[-1].position) - kept[0].position) / len(steps)
+        affine = tuple(tuple(float(v) for v in row) for row in matrix)
+    return VolumePlan(
+        series=series,
+        members=tuple(kept),
+        shape=(len(kept), *first.shape[1:]),
+        dtype=dtype,
+        affine=affine,
+        step_mm=step,
+        version=version,
+        complete_by_data=complete,
+        duplicates=tuple(duplicates),
+        acquisitions=tuple(acquisitions) if len(acquisitions) > 1 else (),
+        refused=tuple(refused),
+    )
+
+
+def _refused(series: SeriesId, version: str, why: tuple[str, ...]) -> VolumePlan:
+    return VolumePlan(series, (), (0,), "float32", None, None, version, False, (), (), why)

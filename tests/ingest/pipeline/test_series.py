@@ -1,0 +1,246 @@
+"""ingest/pipeline/series.py: series volumes written by the real worker on the real stack.
+
+Each volume must equal its slices' arrays (pydicom's values, as every output is)
+stacked in their order along the slice normal, whatever order the slices came
+in, with two series interleaved, a slice missing then arriving late, a worker
+crashed mid-series (cancelled with no drain and no final commit, as the
+restart tests do), and a series whose quiet period a stopped worker never saw
+out (its pending marker is picked up at the next start).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import numpy as np
+import pydicom
+import pytest
+
+from ingest.dicom.parse import DicomHeader, parse_header
+from ingest.embedded.samples import synthetic_ct_series
+from ingest.embedded.stack import Stack
+from ingest.settings import Settings
+from ingest.worker import Outcome, Worker
+from tests import harness, hook_probe
+from tests.reference import reference_array
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("aws_environment"),
+]
+
+
+def series_prefix(data: bytes) -> str:
+    header = parse_header(data, len(data))
+    assert isinstance(header, DicomHeader)
+    assert header.geometry is not None
+    ids = (
+        header.study_instance_uid,
+        header.series_instance_uid,
+        header.geometry.frame_of_reference_uid,
+    )
+    return "out/series/" + "/".join(str(v) for v in ids) + "/"
+
+
+def expected_volume(slices: Sequence[tuple[str, bytes]]) -> np.ndarray:
+    """The slices' reference arrays, stacked by their position along the normal (z here)."""
+    ordered = sorted(
+        slices, key=lambda s: float(pydicom.dcmread(io.BytesIO(s[1])).ImagePositionPatient[2])
+    )
+    return np.concatenate([reference_array(data, None, "float32") for _, data in ordered])
+
+
+async def get_json(stack: Stack, bucket: str, key: str) -> dict[str, Any] | None:
+    try:
+        return harness.load_json(await harness.get_object(stack, bucket, key))
+    except Exception:
+        return None
+
+
+async def run_until(
+    settings: Settings,
+    outcomes: int,
+    stack: Stack,
+    bucket: str,
+    latest: Sequence[str],
+    slices: int | None = None,
+) -> list[Outcome]:
+    """Run a worker until ``outcomes`` objects are done and each series' ``latest`` sidecar
+    exists (of ``slices`` slices, when given)."""
+    seen: list[Outcome] = []
+    worker = Worker(settings, seen.append)
+
+    async def written() -> bool:
+        for key in latest:
+            document = await get_json(stack, bucket, key)
+            if document is None or (slices is not None and len(document["slices"]) != slices):
+                return False
+        return True
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        with anyio.fail_after(60):
+            while len(seen) < outcomes or not await written():  # noqa: ASYNC110 (S3 is polled)
+                await anyio.sleep(0.1)
+        worker.stop()
+    return seen
+
+
+async def publish(stack: Stack, names: harness.Names, keys: Sequence[str]) -> None:
+    messages = [harness.aws_notification(names.source_bucket, [k]) for k in keys]
+    await harness.publish(stack, names.source_topic, messages)
+
+
+async def volume_of(stack: Stack, bucket: str, prefix: str) -> tuple[dict[str, Any], np.ndarray]:
+    latest = await get_json(stack, bucket, prefix + "latest.json")
+    assert latest is not None
+    assert latest["npy"] is not None, latest["refused"]
+    array = harness.load_npy(await harness.get_object(stack, bucket, latest["npy"]))
+    return latest, array
+
+
+async def test_shuffled_and_interleaved_series_make_one_volume_each(stack: Stack) -> None:
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    first = [(f"a/{k}", d) for k, d in synthetic_ct_series(5, 16, 16, seed=11)]
+    second = [(f"b/{k}", d) for k, d in synthetic_ct_series(4, 16, 16, seed=12)]
+    arrivals = first + second
+    random.Random(5).shuffle(arrivals)  # the two series interleaved, each out of order
+    await harness.upload(stack, names.source_bucket, arrivals)
+    await publish(stack, names, [k for k, _ in arrivals])
+    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="30")
+    prefixes = [series_prefix(first[0][1]), series_prefix(second[0][1])]
+
+    wanted = [p + "latest.json" for p in prefixes]
+    await run_until(settings, len(arrivals), stack, names.output_bucket, wanted)
+
+    for prefix, slices in zip(prefixes, (first, second), strict=True):
+        latest, array = await volume_of(stack, names.output_bucket, prefix)
+        want = expected_volume(slices)
+        assert array.shape == want.shape
+        assert array.tobytes() == want.tobytes()  # every slice in its place, bit for bit
+        assert latest["complete_by_data"]
+        affine = np.asarray(latest["affine"])
+        z = [s["position"][2] for s in latest["slices"]]
+        assert z == sorted(z)  # along the normal (0, 0, 1)
+        np.testing.assert_allclose(affine @ [len(z) - 1, 0, 0, 1], [-179.2, -179.2, z[-1], 1])
+        assert latest["refused"] == []
+        version = await get_json(stack, names.output_bucket, f"{prefix}{latest['version']}.json")
+        assert version == latest
+        pending = "out/series-pending/" + prefix.removeprefix("out/series/")[:-1] + ".json"
+        assert await get_json(stack, names.output_bucket, pending) is None  # done with
+
+
+async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
+    """The quiet period ends with a slice missing: a sidecar says why there is no volume.
+    The slice comes late (and an old one again): a new version holds them all, the
+    first stays as it was."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(5, 16, 16, seed=21)
+    late = slices[2]
+    early = [s for s in slices if s is not late]
+    await harness.upload(stack, names.source_bucket, slices)
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="1")
+
+    await publish(stack, names, [k for k, _ in early])
+    latest_key = [prefix + "latest.json"]
+    await run_until(settings, len(early), stack, names.output_bucket, latest_key, len(early))
+    refused = await get_json(stack, names.output_bucket, prefix + "latest.json")
+    assert refused is not None
+    assert refused["npy"] is None
+    assert "1 missing slice(s)" in refused["refused"][0]
+    first_version = prefix + refused["version"] + ".json"
+
+    await publish(stack, names, [late[0], early[0][0]])
+    await run_until(settings, 2, stack, names.output_bucket, latest_key, len(slices))
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["version"] != refused["version"]
+    assert latest["complete_by_data"]
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    assert await get_json(stack, names.output_bucket, first_version) == refused  # unchanged
+
+
+async def test_a_crash_mid_series_loses_nothing(stack: Stack) -> None:
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(6, 16, 16, seed=31)
+    shuffled = slices[:]
+    random.Random(7).shuffle(shuffled)
+    await harness.upload(stack, names.source_bucket, shuffled)
+    await publish(stack, names, [k for k, _ in shuffled])
+    settings = harness.make_settings(
+        stack, names, series="volume", series_quiet_s="30", max_objects_in_flight="2"
+    )
+
+    await harness.run_worker(settings, stop_after=3, graceful=False)  # no drain, no commit
+    committed = await harness.settled_committed_offset(stack, names.group, names.source_topic)
+    prefix = series_prefix(slices[0][1])
+    await run_until(
+        settings, len(slices) - committed, stack, names.output_bucket, [prefix + "latest.json"]
+    )
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["complete_by_data"]
+    assert array.tobytes() == expected_volume(slices).tobytes()
+
+
+async def test_a_pending_series_is_written_after_a_restart(stack: Stack) -> None:
+    """Without Images in Acquisition only the quiet period completes a series; a worker
+    stopped before it ended leaves a pending marker, which the next start takes up."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = []
+    for key, data in synthetic_ct_series(4, 16, 16, seed=41):
+        ds = pydicom.dcmread(io.BytesIO(data))
+        del ds.ImagesInAcquisition
+        buffer = io.BytesIO()
+        ds.save_as(buffer)
+        slices.append((key, buffer.getvalue()))
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    patient = harness.make_settings(stack, names, series="volume", series_quiet_s="600")
+
+    await harness.run_worker(patient, stop_after=len(slices))
+    assert await get_json(stack, names.output_bucket, prefix + "latest.json") is None
+    restarted = harness.make_settings(stack, names, series="volume", series_quiet_s="0.2")
+    await run_until(restarted, 0, stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert not latest["complete_by_data"]
+    assert array.tobytes() == expected_volume(slices).tobytes()
+
+
+async def test_the_series_hook_gets_the_volume_a_slab_at_a_time_on_the_device_thread(
+    stack: Stack,
+) -> None:
+    hook_probe.SLABS.clear()
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(10, 16, 16, seed=51)
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(
+        stack, names, series="volume", series_hook="tests.hook_probe:collect_slabs"
+    )
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    slabs = hook_probe.SLABS
+    assert [s.first_slice for s, _, _ in slabs] == [0, 8]  # eight slices a slab, in order
+    assert all(s.version == latest["version"] and s.shape == array.shape for s, _, _ in slabs)
+    assert np.concatenate([host for _, host, _ in slabs]).tobytes() == array.tobytes()
+    assert {thread for _, _, thread in slabs} == {"dicom-ingest-device"}
+    assert slabs[0][0].affine == tuple(tuple(row) for row in latest["affine"])

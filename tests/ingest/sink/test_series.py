@@ -1,0 +1,145 @@
+"""ingest/sink/series.py: which slices make a volume, in what order, with what affine.
+
+Member records come from real sidecar documents of the sample CT series (their
+geometry as the header parser reads it), so the plan sees what the worker writes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from ingest.dicom.parse import DicomHeader, parse_header
+from ingest.embedded.samples import synthetic_ct_series
+from ingest.sink.series import Member, SeriesId, member_from_json, member_of, plan_volume
+
+
+def sidecar_of(data: bytes, key: str, dtype: str = "int16") -> dict[str, object]:
+    """The sidecar fields a member record is made of, as ``sink.records.sidecar`` writes them."""
+    header = parse_header(data, len(data))
+    assert isinstance(header, DicomHeader)
+    geometry = header.geometry
+    assert geometry is not None
+    return {
+        "source": {"crc64nvme": f"crc-{key}", "etag": "e"},
+        "output": {"npy": f"out/{key}.npy", "json": f"out/{key}.json"},
+        "study_instance_uid": header.study_instance_uid,
+        "series_instance_uid": header.series_instance_uid,
+        "sop_instance_uid": header.sop_instance_uid,
+        "shape": list(header.pixel.shape),
+        "dtype": dtype,
+        "geometry": geometry.as_json(),
+        "instance": {
+            "instance_number": geometry.instance_number,
+            "acquisition_number": geometry.acquisition_number,
+            "images_in_acquisition": geometry.images_in_acquisition,
+        },
+    }
+
+
+def members(count: int, seed: int = 0) -> tuple[SeriesId, list[Member]]:
+    found = [
+        member_of(sidecar_of(data, key)) for key, data in synthetic_ct_series(count, 8, 8, seed)
+    ]
+    assert all(f is not None for f in found)
+    series = {f[0] for f in found if f is not None}
+    assert len(series) == 1
+    return series.pop(), [f[1] for f in found if f is not None]
+
+
+def test_shuffled_slices_are_sorted_along_the_normal_with_the_first_slices_affine() -> None:
+    series, slices = members(6)
+    shuffled = slices[:]
+    random.Random(3).shuffle(shuffled)
+    plan = plan_volume(series, shuffled)
+    assert plan.refused == ()
+    # the sample's slices go head to foot (z = -1.25 k): the normal (0, 0, 1) sorts them
+    # from the last one to the first
+    assert [m.sop_instance_uid for m in plan.members] == [
+        m.sop_instance_uid for m in reversed(slices)
+    ]
+    assert plan.complete_by_data  # Images in Acquisition: 6
+    assert plan.shape == (6, 8, 8)
+    affine = np.asarray(plan.affine)
+    for index, member in enumerate(plan.members):  # each slice where its own header puts it
+        np.testing.assert_allclose(affine @ [index, 0, 0, 1], [*member.position, 1], atol=1e-9)
+    assert plan.step_mm == pytest.approx(1.25)
+    assert plan_volume(series, slices).version == plan.version  # order does not matter
+
+
+def test_a_missing_slice_refuses_the_volume_and_says_where() -> None:
+    series, slices = members(6)
+    plan = plan_volume(series, slices[:2] + slices[3:])
+    assert plan.affine is None
+    assert not plan.complete_by_data
+    assert len(plan.refused) == 1
+    assert "1 missing slice(s)" in plan.refused[0]
+    assert "2.5 mm where the smallest step is 1.25 mm" in plan.refused[0]
+
+
+def test_a_late_slice_makes_a_new_version() -> None:
+    series, slices = members(5)
+    early = plan_volume(series, slices[:4])
+    late = plan_volume(series, slices)
+    assert early.version != late.version
+    assert not early.complete_by_data
+    assert late.complete_by_data
+    assert early.refused == ()  # the four that came are a volume too (after the quiet period)
+
+
+def test_duplicates_keep_one_slice_a_position() -> None:
+    series, slices = members(4)
+    # another instance at slice 1's position, with a later Instance Number: it goes
+    copy = member_from_json(
+        {**slices[1].as_json(), "sop_instance_uid": "1.2.3.999", "instance_number": 99}
+    )
+    plan = plan_volume(series, [*slices, copy])
+    assert len(plan.members) == 4
+    assert plan.duplicates == ("1.2.3.999",)
+    assert plan.complete_by_data  # four distinct positions, as Images in Acquisition says
+    assert plan.refused == ()
+
+
+def test_two_series_interleaved_are_told_apart() -> None:
+    first = synthetic_ct_series(3, 8, 8, seed=1)
+    second = synthetic_ct_series(3, 8, 8, seed=2)
+    interleaved = [item for pair in zip(first, second, strict=True) for item in pair]
+    found = [member_of(sidecar_of(data, key)) for key, data in interleaved]
+    by_series: dict[SeriesId, list[Member]] = {}
+    for series, member in (f for f in found if f is not None):
+        by_series.setdefault(series, []).append(member)
+    assert len(by_series) == 2
+    for series, group in by_series.items():
+        plan = plan_volume(series, group)
+        assert plan.complete_by_data
+        assert len(plan.members) == 3
+
+
+def test_mixed_sizes_and_acquisitions() -> None:
+    series, slices = members(3)
+    wider = member_from_json({**slices[0].as_json(), "shape": [1, 8, 9], "sop_instance_uid": "9"})
+    assert plan_volume(series, [*slices[1:], wider]).refused == ("the slices' sizes differ",)
+    second = member_from_json(
+        {**slices[2].as_json(), "acquisition_number": 2, "sop_instance_uid": "8"}
+    )
+    mixed = plan_volume(series, [*slices[:2], second])
+    assert mixed.acquisitions == ()  # one acquisition number is missing: the rest say none
+    numbered = [member_from_json({**m.as_json(), "acquisition_number": 1}) for m in slices[:2]]
+    assert plan_volume(series, [*numbered, second]).acquisitions == (1, 2)
+
+
+def test_mixed_output_types_promote_to_one_that_holds_both() -> None:
+    series, slices = members(2)
+    wide = member_from_json({**slices[1].as_json(), "dtype": "uint16"})
+    assert plan_volume(series, [slices[0], wide]).dtype == "int32"
+
+
+def test_not_a_slice_of_a_volume() -> None:
+    key, data = synthetic_ct_series(1, 8, 8)[0]
+    document = sidecar_of(data, key)
+    assert member_of({**document, "output": None}) is None  # SINK=none: nothing to read back
+    assert member_of({**document, "shape": [3, 8, 8]}) is None  # multi-frame: its own volume
+    geometry = {**document["geometry"], "image_position_patient": None}  # type: ignore[dict-item]
+    assert member_of({**document, "geometry": geometry}) is None  # no position: no place
