@@ -636,7 +636,8 @@ def test_file_url_names_its_root_and_the_path_below_it() -> None:
             format="file",
         ),
     )
-    deepest = parse_notification(_file("file://localhost/mnt/lustre/archive/hot/x.dcm"), roots=ROOTS)
+    hot = _file("file://localhost/mnt/lustre/archive/hot/x.dcm")
+    deepest = parse_notification(hot, roots=ROOTS)
     assert (deepest.objects[0].bucket, deepest.objects[0].key) == ("hot", "x.dcm")
 
 
