@@ -131,6 +131,7 @@ async def _kill_and_resume(
     assert killed_at is not None
     assert not killed_at.done
     assert killed_at.published < count
+    assert killed_at.last is not None
     before = _keys(await _published(stack, topic))
     assert sum(before.values()) < count  # the kill came mid-way
 
