@@ -194,7 +194,8 @@ class FileSource:
 
     def __init__(self, settings: Settings) -> None:
         """Raises:
-        ConfigError: a root is not a folder this process can see.
+        ConfigError: a root is not a folder this process can see, or ``kvikio`` is asked
+            for and not installed.
         """
         self._settings = settings
         self._roots: dict[str, tuple[str, str]] = {}  # name -> (path, real path)
@@ -203,6 +204,8 @@ class FileSource:
                 raise ConfigError(f"DICOM_INGEST_FILE_ROOTS: root {name} is not a folder")
             self._roots[name] = (path, os.path.realpath(path))
         self.reader = reader_name(settings)
+        if self.reader == "kvikio" and importlib.util.find_spec("kvikio") is None:
+            raise ConfigError("DICOM_INGEST_FILE_READER: kvikio, and KvikIO is not installed")
         self._read = _kvikio_read if self.reader == "kvikio" else _preadv_full
         self._threads = ThreadPoolExecutor(settings.fetch_concurrency, "file-read")
 

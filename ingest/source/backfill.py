@@ -43,7 +43,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
