@@ -109,7 +109,8 @@ class Progress:
     bytes: int = 0  # of the objects published
     last: str | None = None  # the last key handled (published or skipped)
     done: bool = False
-    resumed_from: str | None = None  # set for this run only: where it started
+    resumed_from: str | None = None  # this run only: the key it started after
+    finished_before: bool = False  # this run only: the checkpoint said done; nothing ran
     seconds: float = 0.0
 
 
@@ -298,7 +299,7 @@ def write_checkpoint(path: Path, spec: Spec, progress: Progress) -> None:
         "since": _iso(spec.since),
         "until": _iso(spec.until),
         "updated": _iso(datetime.now(UTC)),
-        "progress": asdict(progress) | {"resumed_from": None},
+        "progress": asdict(progress) | {"resumed_from": None, "finished_before": False},
     }
     aside = path.with_name(path.name + ".tmp")
     with open(aside, "w") as f:
@@ -358,6 +359,7 @@ async def backfill(
     previous = None if restart else read_checkpoint(path, spec)
     progress = previous or Progress()
     if progress.done:
+        progress.finished_before = True
         return progress
     if dry_run:  # what a run would publish now: counted afresh, from the checkpoint on
         progress = Progress(last=progress.last)
@@ -442,6 +444,12 @@ async def _publish(
 
 def summary(progress: Progress, spec: Spec, *, dry_run: bool) -> Iterator[str]:
     """The lines a run ends with."""
+    if progress.finished_before:
+        yield (
+            f"backfill {spec.url}: finished before ({progress.published} published to "
+            f"{spec.topic}); nothing to do (--restart publishes everything again)"
+        )
+        return
     verb = "would publish" if dry_run else "published"
     rate = progress.published / progress.seconds if progress.seconds > 0 else 0.0
     count = progress.listed - progress.skipped if dry_run else progress.published
