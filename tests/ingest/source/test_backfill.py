@@ -267,3 +267,29 @@ def test_urls_it_cannot_list_and_checkpoints_of_another_run_are_refused(tmp_path
     path.write_text(json.dumps({"spec_id": "another", "progress": {}}))
     with pytest.raises(ConfigError, match="another backfill"):
         read_checkpoint(path, Spec("s3://b/p", "t"))
+
+
+def test_the_command_line_counts_a_folder_and_refuses_what_it_cannot_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ingest.cli import main
+
+    (tmp_path / "ct").mkdir()
+    for n in range(3):
+        (tmp_path / "ct" / f"{n}.dcm").write_bytes(b"x" * 10)
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("DICOM_INGEST_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("DICOM_INGEST_FILE_ROOTS", f"scans={tmp_path}")
+    assert main(["backfill", f"file://{tmp_path}/ct", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"backfill file://{tmp_path}/ct: would publish 3 notifications")
+    assert "listed 3, skipped 0" in out
+    assert main(["backfill", "file:///elsewhere", "--dry-run"]) == 2  # not under a root
+    assert "not a folder under DICOM_INGEST_FILE_ROOTS" in capsys.readouterr().err
+    assert main(["backfill", "s3://b/p"]) == 2  # publishing needs a broker
+    assert "DICOM_INGEST_KAFKA_BOOTSTRAP" in capsys.readouterr().err
+    since_after_until = ["--since", "2026-02-01", "--until", "2026-01-01", "--dry-run"]
+    assert main(["backfill", "s3://b/p", *since_after_until]) == 2
+    with pytest.raises(SystemExit):
+        main(["backfill", "s3://b/p", "--rate", "-1"])
