@@ -42,6 +42,7 @@ from typing import TypeVar
 
 import anyio
 
+from ingest import metrics
 from ingest.errors import (
     AccessDenied,
     ConfigError,
@@ -166,6 +167,7 @@ def _checked(fd: int, where: FileLocation) -> os.stat_result:
     return st
 
 
+@metrics.timed("fetch", metrics.RANGES_IN_FLIGHT)
 def _preadv_full(fd: int, into: memoryview, offset: int) -> int:
     """``preadv`` until ``into`` is full or the file ends; the bytes read."""
     done = 0
@@ -177,6 +179,7 @@ def _preadv_full(fd: int, into: memoryview, offset: int) -> int:
     return done
 
 
+@metrics.timed("fetch", metrics.RANGES_IN_FLIGHT)
 def _kvikio_read(fd: int, into: memoryview, offset: int) -> int:
     """KvikIO's read of the open file into host memory (reopened through its descriptor's
     link, so it reads the file the checks were made on)."""
