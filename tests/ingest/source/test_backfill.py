@@ -30,6 +30,7 @@ from ingest.source.backfill import (
 )
 from ingest.source.kafka import read_records
 from ingest.source.notifications import parse_notification
+from ingest.worker import Worker
 from tests import harness
 from tests.conftest import FreshNames
 
@@ -93,7 +94,7 @@ async def test_a_killed_backfill_resumes_and_publishes_each_key_once_more_at_mos
     fresh_names: FreshNames,
     tmp_path: Path,
 ) -> None:
-    await _kill_and_resume(stack, archive, KEYS, fresh_names.topic(), tmp_path)
+    await _kill_and_resume(stack, archive, KEYS, fresh_names.topic(), tmp_path, work=False)
 
 
 @pytest.mark.slow
@@ -105,9 +106,10 @@ async def test_thousands_of_keys_killed_and_resumed(
 
 
 async def _kill_and_resume(
-    stack: Stack, archive: str, count: int, topic: str, tmp_path: Path
+    stack: Stack, archive: str, count: int, topic: str, tmp_path: Path, *, work: bool = True
 ) -> None:
-    """A backfill killed (SIGKILL) after a third of ``count`` keys, then resumed in-process."""
+    """A backfill killed (SIGKILL) after a third of ``count`` keys, then resumed in-process;
+    with ``work``, a worker then finishes each object once."""
     create_topics(stack.kafka.bootstrap, [topic])
     checkpoint = tmp_path / "run.json"
     rate = 2000.0
@@ -152,8 +154,32 @@ async def _kill_and_resume(
     assert (first.size, first.etag) == (len(b"%d" % 0), harness.md5(b"%d" % 0))
     assert {dict(r.headers)[HEADER] for r in records} == {spec.identity.encode()}
     again = await backfill(settings, spec, checkpoint=checkpoint)  # finished: nothing more
-    assert again.done
+    assert again.finished_before
     assert len(await _published(stack, topic)) == len(records)
+    if work:
+        await _each_object_once(stack, topic, count, len(records), len(twice))
+
+
+async def _each_object_once(
+    stack: Stack, topic: str, count: int, records: int, repeats: int
+) -> None:
+    """A worker over the backfill's topic finishes each object once: the notifications
+    published twice carry the ETag of a version it has finished, so it drops them."""
+    names = harness.make_names(topic.removeprefix("t-"))
+    harness.prepare(stack, names)
+    settings = harness.make_settings(stack, names, source_topic=topic)
+    outcomes: Counter[str] = Counter()
+    worker = Worker(settings, lambda o: outcomes.update([o.ref.key if o.ref else ""]))
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        with anyio.fail_after(120):
+            # the worker signals outcomes, not records consumed: a repeat it drops has none
+            while worker.stats.records < records or sum(outcomes.values()) < count:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        worker.stop()
+    assert set(outcomes) == {_key(n) for n in range(count)}
+    assert max(outcomes.values()) == 1  # not DICOM: each dead-lettered, once
+    assert worker.stats.duplicates == repeats
 
 
 async def test_the_rate_is_kept(
