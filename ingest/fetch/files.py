@@ -196,9 +196,11 @@ class FileSource:
     context manager (``aclose`` ends the threads)."""
 
     def __init__(self, settings: Settings) -> None:
-        """Raises:
-        ConfigError: a root is not a folder this process can see, or ``kvikio`` is asked
-            for and not installed.
+        """Check the roots (their real paths are taken now) and choose the reader.
+
+        Raises:
+            ConfigError: a root is not a folder this process can see, or ``kvikio`` is
+                asked for and not installed.
         """
         self._settings = settings
         self._roots: dict[str, tuple[str, str]] = {}  # name -> (path, real path)
