@@ -191,6 +191,19 @@ def _kvikio_read(fd: int, into: memoryview, offset: int) -> int:
         return int(f.pread(target, len(into), offset).get())
 
 
+def _kvikio_threads(threads: int) -> None:
+    """Size KvikIO's thread pool, which runs every read's tasks, to the reads in flight
+    (its own default is one thread), unless ``KVIKIO_NTHREADS`` sets it."""
+    if "KVIKIO_NTHREADS" in os.environ:
+        return
+    import kvikio.defaults
+
+    try:
+        kvikio.defaults.set("num_threads", threads)
+    except (AttributeError, TypeError, ValueError):  # before KvikIO 25.04: a reset function
+        kvikio.defaults.num_threads_reset(threads)
+
+
 class FileSource:
     """Reads files under ``file_roots`` into ring slots, in threads of its own; an async
     context manager (``aclose`` ends the threads)."""
@@ -211,6 +224,8 @@ class FileSource:
         self.reader = reader_name(settings)
         if self.reader == "kvikio" and importlib.util.find_spec("kvikio") is None:
             raise ConfigError("DICOM_INGEST_FILE_READER: kvikio, and KvikIO is not installed")
+        if self.reader == "kvikio":
+            _kvikio_threads(settings.fetch_concurrency)
         self._read = _kvikio_read if self.reader == "kvikio" else _preadv_full
         self._threads = ThreadPoolExecutor(settings.fetch_concurrency, "file-read")
 

@@ -51,6 +51,7 @@ from urllib.parse import quote
 
 import anyio
 
+from ingest.bench.gpu import configure_kvikio
 from ingest.bench.measure import MiB
 from ingest.bench.ours import HOOK_SPEC, OursRunner
 from ingest.bench.workloads import FRAME_BYTES, BenchObject, S3Target, upload_file_multipart
@@ -145,10 +146,8 @@ def kvikio_read(
     """KvikIO's own read of the files into one device buffer: GB/s per pass."""
     import cupy
     import kvikio
-    import kvikio.defaults
 
-    kvikio.defaults.set("num_threads", threads)
-    kvikio.defaults.set("task_size", 8 * MiB)
+    settings = configure_kvikio(8 * MiB, threads)
     total = sum(o.size for o in objects)
     device = cupy.empty(max(o.size for o in objects) * min(len(objects), 64), dtype=cupy.uint8)
     runs = []
@@ -171,7 +170,7 @@ def kvikio_read(
         seconds = time.perf_counter() - start
         if index:  # the first pass warms up
             runs.append({"gb_per_s": total / seconds / 1e9, "seconds": seconds, "cold": dropped})
-    return _summary(runs, total, len(objects))
+    return _summary(runs, total, len(objects)) | {"kvikio": settings}
 
 
 def worker_settings(
