@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
+from ingest.audit.records import open_envelope
 from ingest.embedded.stack import Stack
 from tests import harness
 
@@ -75,6 +76,14 @@ async def test_files_and_s3_objects_of_one_corpus_give_identical_outputs(
         assert {k: v for k, v in file_doc.items() if k not in (*VARYING, "source")} == same
         sidecar = await harness.get_object(stack, names.output_bucket, file_doc["output"]["json"])
         assert harness.load_json(sidecar)["source"] == file_doc["source"]
+    audit = [
+        open_envelope(raw, {settings.audit_key_id: harness.AUDIT_KEY})
+        for raw in await harness.read_topic_raw(stack, names.audit_topic)
+        if json.loads(raw).get("type") != "digest"
+    ]
+    audited = {(r["bucket"], r["key"], r["outcome"]) for r in audit}
+    assert {("files", key, "success") for key in corpus} <= audited  # as for S3 objects
+    assert ("files", "escape.dcm", "failure") in audited
     dead = await harness.read_json_topic(stack, names.dlq_topic)
     assert sorted(d["reason"] for d in dead) == ["access_denied", "bad_notification"]
     assert all("secret" not in json.dumps(d["error"]) for d in dead)
