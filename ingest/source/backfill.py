@@ -55,7 +55,7 @@ from aiobotocore.session import get_session
 from aiokafka.errors import KafkaError
 
 from ingest.errors import ConfigError, IngestError
-from ingest.fetch.files import file_etag
+from ingest.fetch.files import file_etag, translate_file_error
 from ingest.fetch.s3 import translate_s3_error
 from ingest.fetch.threaded_http import ca_bundle
 from ingest.settings import Settings
@@ -226,8 +226,6 @@ async def list_files(source: Source, after: str | None) -> AsyncIterator[Listed]
     Raises:
         SourceError: a folder could not be read (``translate_file_error``).
     """
-    from ingest.fetch.files import translate_file_error
-
     mark = segments(after) if after is not None else None
     base = segments(source.prefix) if source.prefix else ()
 
@@ -384,6 +382,8 @@ async def backfill(
     if dry_run:
         async for item in listing:
             _count(progress, spec, item)
+            if progress.listed % PAGE == 0:
+                report()
         report()
         return progress
     producer = make_producer(settings)
@@ -401,14 +401,16 @@ async def backfill(
                 progress.published += len(chunk)
                 progress.last = item.key
                 chunk = []
-                write_checkpoint(path, spec, progress)
+                await anyio.to_thread.run_sync(write_checkpoint, path, spec, progress)
                 report()
+            elif progress.listed % PAGE == 0:
+                report()  # a long run of objects outside the times: progress all the same
         await pacer.before(len(chunk))
         await _publish(producer, spec.topic, chunk, headers)
         progress.published += len(chunk)
         progress.done = True
         report()
-        write_checkpoint(path, spec, progress)
+        await anyio.to_thread.run_sync(write_checkpoint, path, spec, progress)
     finally:
         with anyio.CancelScope(shield=True):
             await producer.stop()
