@@ -19,6 +19,7 @@ import pytest
 from ingest.embedded.stack import Stack, create_topics
 from ingest.errors import ConfigError
 from ingest.settings import Settings, load_settings
+from ingest.source import backfill as backfill_module
 from ingest.source.backfill import (
     HEADER,
     Spec,
@@ -36,8 +37,8 @@ from tests.conftest import FreshNames
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
-KEYS = 1200  # two pages of S3's listing and part of a third
-MANY_KEYS = 5000  # the slow test's
+KEYS = 400  # a page of S3's listing, or four with the dry run's pages of 100
+MANY_KEYS = 5000  # the slow test's: five pages and a kill, and a worker after it
 
 
 def _key(n: int) -> str:
@@ -112,7 +113,7 @@ async def _kill_and_resume(
     with ``work``, a worker then finishes each object once."""
     create_topics(stack.kafka.bootstrap, [topic])
     checkpoint = tmp_path / "run.json"
-    rate = 2000.0
+    rate = max(500.0, count / 2.5)  # a second or two
     env = {**os.environ, **stack.endpoints.environment(), "DICOM_INGEST_SOURCE_TOPIC": topic}
     command = [sys.executable, "-m", "ingest.cli", "backfill", f"s3://{archive}/archive/"]
     command += ["--rate", str(rate), "--checkpoint", str(checkpoint)]
@@ -191,13 +192,13 @@ async def test_the_rate_is_kept(
 ) -> None:
     topic = fresh_names.topic()
     create_topics(stack.kafka.bootstrap, [topic])
-    spec = Spec(f"s3://{archive}/archive/0", topic)  # the first 1,000 keys
-    rate = 500.0
+    spec = Spec(f"s3://{archive}/archive/00/", topic)  # 100 keys
+    rate = 50.0
     started = time.monotonic()
     done = await backfill(_settings(stack, topic), spec, rate=rate, checkpoint=tmp_path / "c.json")
     elapsed = time.monotonic() - started
-    assert done.published == 1000
-    assert elapsed >= (1000 - chunk_size(rate)) / rate  # never ahead of the rate
+    assert done.published == 100
+    assert elapsed >= (100 - chunk_size(rate)) / rate  # never ahead of the rate
     stamps = sorted(r.timestamp for r in await _published(stack, topic))
     for i, stamp in enumerate(stamps):  # in any second, the rate and one chunk at most
         later = [s for s in stamps[i:] if s < stamp + 1000]
@@ -214,6 +215,7 @@ async def test_a_dry_run_counts_and_publishes_nothing(
 ) -> None:
     topic = fresh_names.topic()
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(backfill_module, "PAGE", 100)  # the listing goes over four pages
     no_broker = {k: v for k, v in stack.endpoints.environment().items() if "KAFKA" not in k}
     settings = load_settings(no_broker, required=())  # a dry run needs no broker
     spec = Spec(f"s3://{archive}/archive/", topic)
