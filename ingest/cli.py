@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 from collections.abc import MutableMapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +77,6 @@ def make_parser() -> argparse.ArgumentParser:
     )
     stack.add_argument("--durable", action="store_true", help="broker stores its log in S3")
 
-    _backfill_parser(commands)
     _bench_parser(commands)
 
     from ingest.audit.cli import add_audit_parser
@@ -86,7 +84,7 @@ def make_parser() -> argparse.ArgumentParser:
     add_audit_parser(commands)  # verify | decrypt | export | keygen
     from ingest.ops.commands import add_parsers as add_ops_parsers
 
-    add_ops_parsers(commands)  # dlq replay, top
+    add_ops_parsers(commands)  # dlq replay, top, backfill
     return parser
 
 
@@ -103,84 +101,6 @@ def _csv_ints(text: str) -> tuple[int, ...]:
 
 def _csv_names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
-
-
-def _time(text: str) -> datetime:
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def _rate(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"objects a second, 0 or more, got {text}")
-    return value
-
-
-def _backfill_parser(commands: Any) -> None:
-    backfill = commands.add_parser(
-        "backfill",
-        help="publish notifications for objects already stored (a bucket prefix or a folder)",
-        description="List s3://bucket/prefix (or file:///path under DICOM_INGEST_FILE_ROOTS) "
-        "and publish a notification per object to the source topic, at --rate, resumable "
-        "from its checkpoint after a kill (docs/operations.md).",
-    )
-    add = backfill.add_argument
-    add("url", help="s3://bucket/prefix, or file:///path of a folder under a file root")
-    add("--since", type=_time, help="only objects last modified at or after (ISO 8601, UTC)")
-    add("--until", type=_time, help="only objects last modified before (ISO 8601, UTC)")
-    add("--rate", type=_rate, default=0.0, help="objects a second (default 0: unpaced)")
-    add("--dry-run", action="store_true", help="list and count; publish nothing")
-    add("--topic", help="publish here instead of DICOM_INGEST_SOURCE_TOPIC")
-    add(
-        "--checkpoint",
-        type=Path,
-        help="progress file (default: ./dicom-ingest-backfill-<id>.json, named by the URL, "
-        "topic and times); a rerun resumes after its last key",
-    )
-    add("--restart", action="store_true", help="ignore the checkpoint: publish everything again")
-    add("--config", type=Path, help="TOML file with settings (env wins)")
-
-
-async def run_backfill(args: argparse.Namespace) -> int:
-    """``backfill``: list, publish, print progress (stderr) and a summary (stdout).
-
-    Raises:
-        ConfigError, SourceError, BrokerError: see ``ingest.source.backfill``.
-    """
-    from ingest.source.backfill import Progress, Spec, backfill, summary
-
-    needed = () if args.dry_run else ("kafka_bootstrap",)
-    settings = load_settings(config_file=args.config, required=needed)
-    if args.since and args.until and args.since >= args.until:
-        raise ConfigError("backfill: --since must be before --until")
-    spec = Spec(args.url, args.topic or settings.source_topic, args.since, args.until)
-    shown, tty = 0.0, sys.stderr.isatty()
-
-    def progress(done: Progress) -> None:  # a line a second on a terminal, else every 10 s
-        nonlocal shown
-        if done.seconds - shown >= (1.0 if tty else 10.0):
-            shown = done.seconds
-            line = f"listed {done.listed}, published {done.published}, skipped {done.skipped}"
-            print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr)
-
-    result = await backfill(
-        settings,
-        spec,
-        rate=args.rate,
-        dry_run=args.dry_run,
-        checkpoint=args.checkpoint,
-        restart=args.restart,
-        on_progress=progress,
-    )
-    if shown and tty:
-        print(file=sys.stderr)
-    for line in summary(result, spec, dry_run=args.dry_run):
-        print(line)
-    return 0
 
 
 def _bench_parser(commands: Any) -> None:
@@ -354,9 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             configure_logging(json=False, level=logging.ERROR)  # the table says the rest
             return _run(run_demo, args.device, args.multiframe_mb, args.series)
-        if args.command == "backfill":
-            configure_logging(json=False, level=logging.WARNING)
-            return _run(run_backfill, args)
         if args.command == "stack":
             from ingest.embedded.stack_cli import run_stack
 
@@ -375,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             configure_logging(json=False, level=logging.WARNING)
             return _run(run_audit_command, args)
-        if args.command in ("dlq", "top"):
+        if args.command in ("dlq", "top", "backfill"):
             from ingest.ops.commands import run as run_ops_command
 
             configure_logging(json=False, level=logging.WARNING)
