@@ -1,4 +1,4 @@
-"""The ``dicom-ingest`` command line: worker, demo, stack, bench, audit.
+"""The ``dicom-ingest`` command line: worker, demo, stack, backfill, bench, audit.
 
 Bad configuration ends with one line naming the variable and exit status 2;
 any other ``IngestError`` that stops a command ends with one line and status 1.
@@ -86,7 +86,7 @@ def make_parser() -> argparse.ArgumentParser:
     add_audit_parser(commands)  # verify | decrypt | export | keygen
     from ingest.ops.commands import add_parsers as add_ops_parsers
 
-    add_ops_parsers(commands)  # dlq replay, top
+    add_ops_parsers(commands)  # dlq replay, top, backfill
     return parser
 
 
@@ -345,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             configure_logging(json=False, level=logging.WARNING)
             return _run(run_audit_command, args)
-        if args.command in ("dlq", "top"):
+        if args.command in ("dlq", "top", "backfill"):
             from ingest.ops.commands import run as run_ops_command
 
             configure_logging(json=False, level=logging.WARNING)

@@ -48,7 +48,7 @@ STAGES = {
     "pixels": "per object: Pixel Data reads, decode, device work and output writes",
     "object": "per object: first GET to outputs written (the sidecar's timings.total_s)",
     "end_to_end": "per object: Kafka record timestamp to result and audit acknowledged",
-    "fetch": "per S3 GET (one range or a first GET), in its thread",
+    "fetch": "per S3 GET or file read (one range or a first read), in its thread",
     "decode": "per group of frames decoded on the CPU (process pool or thread)",
     "device": "per device batch: submitted to the device thread until its results are back",
     "sink": "per S3 PUT (an output part or a sidecar), in its thread",
@@ -78,7 +78,9 @@ DEAD_LETTERS = Counter(
     "Dead-letter records written, by reason (objects and bad records)",
     ["reason"],
 )
-RANGES_IN_FLIGHT = Gauge("dicom_ingest_ranges_in_flight", "S3 GETs under way in the GET threads")
+RANGES_IN_FLIGHT = Gauge(
+    "dicom_ingest_ranges_in_flight", "S3 GETs and file reads under way in their threads"
+)
 PUTS_IN_FLIGHT = Gauge("dicom_ingest_puts_in_flight", "S3 PUTs (output parts) under way")
 
 # Every stage's series exists from the start: rate() needs two points.

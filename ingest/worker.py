@@ -45,8 +45,10 @@ from ingest.audit.publish import AuditPublisher, open_audit
 from ingest.device.stage import DeviceStage
 from ingest.dicom.decoders import DecodePool
 from ingest.errors import IngestError, NotificationError, ProcessingError
+from ingest.fetch.files import FileSource
 from ingest.fetch.ring import PinnedRing
 from ingest.fetch.s3 import S3Source
+from ingest.fetch.sources import Sources
 from ingest.hooks import enable_device_arrays, load_hook
 from ingest.logs import bind_object, key_digest
 from ingest.ops.health import Health, probe, serving
@@ -174,6 +176,9 @@ class Worker:
             source = S3Source(s)
             await source.__aenter__()
             stack.push_async_callback(_close, source.aclose)
+            files = FileSource(s) if s.file_roots else None
+            if files is not None:
+                stack.push_async_callback(files.aclose)
             self._producer = make_producer(s)
             await self._producer.start()
             stack.push_async_callback(_close, self._producer.stop)
@@ -201,7 +206,7 @@ class Worker:
             stage = DeviceStage(thread, s)
             if hook is not None or s.series_hook:
                 await anyio.to_thread.run_sync(enable_device_arrays, thread)
-            self._ctx = Context(s, source, sink, ring, stage, decoders, hook)
+            self._ctx = Context(s, Sources(source, files), sink, ring, stage, decoders, hook)
             stack.enter_context(watching(self, ring, thread))  # for /metrics
             if s.health_port:
                 self.health_port = await stack.enter_async_context(
@@ -220,6 +225,7 @@ class Worker:
                     worker=s.worker_id,
                     start_s=round(time.monotonic() - t0, 3),
                     device_wait_s=waited,
+                    file_reader=files.reader if files is not None else None,
                 )
                 task_status.started()
                 with self._work_scope:
@@ -269,7 +275,7 @@ class Worker:
         )
         progress = _RecordProgress(partition, record.offset, summary)
         try:
-            note = parse_notification(record.value)
+            note = parse_notification(record.value, roots=self.settings.file_roots)
         except NotificationError as exc:
             progress.remaining = 1
             self._spawn(objects, self._fail(progress, None, exc))

@@ -73,7 +73,7 @@ def to_device(values: np.ndarray) -> None:
     del device
 
 
-def _configure_kvikio(part: int, threads: int) -> dict[str, Any]:
+def configure_kvikio(part: int, threads: int) -> dict[str, Any]:
     """Thread pool size and task size, by the API this KvikIO version has."""
     os.environ.setdefault("KVIKIO_NTHREADS", str(threads))
     os.environ.setdefault("KVIKIO_TASK_SIZE", str(part))
@@ -111,7 +111,7 @@ class KvikioReader:
     def prepare(self, workload: Workload) -> None:
         import cupy
 
-        self._settings = _configure_kvikio(self._part, self._threads)
+        self._settings = configure_kvikio(self._part, self._threads)
         self._device = cupy.zeros(workload.bytes, dtype=cupy.uint8)
         cupy.cuda.get_current_stream().synchronize()
 

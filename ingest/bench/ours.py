@@ -40,10 +40,11 @@ wrapped on the instance to collect each chunk's host-to-device seconds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,9 +168,17 @@ def latency_summary(ms: Sequence[float], breakdown: dict[str, float]) -> dict[st
 class OursRunner:
     """Runs one worker on ``topic`` and measures passes over lists of objects."""
 
-    def __init__(self, settings: Settings, bucket: str, server_pids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        bucket: str,
+        server_pids: Sequence[int],
+        notify: Callable[[BenchObject], bytes] | None = None,
+    ) -> None:
+        """``notify``: the notification of an object (default: an S3 record in ``bucket``;
+        the file-source diagnostic sends ``file://`` ones)."""
         self.settings = settings
-        self._bucket = bucket
+        self._notify = notify or functools.partial(notification, bucket)
         self._pids = list(server_pids)
         self._tracker = _Tracker()
         self._producer: Any = None
@@ -185,7 +194,7 @@ class OursRunner:
             if interval_s:
                 await anyio.sleep(max(0.0, start + index * interval_s - time.perf_counter()))
             p.sent[obj.key] = time.perf_counter()
-            message = notification(self._bucket, obj)
+            message = self._notify(obj)
             deliveries.append(await self._producer.send(self.settings.source_topic, message))
         for delivery in deliveries:
             await delivery

@@ -82,14 +82,14 @@ class Presigned:
 
 
 @dataclass(frozen=True, slots=True)
-class _After(Generic[T]):
+class After(Generic[T]):
     """What a callable run after a GET returned or raised (raised again by ``value``)."""
 
     result: T | None
     error: Exception | None
 
     @classmethod
-    def of(cls, then: Callable[[memoryview], T], data: memoryview) -> _After[T]:
+    def of(cls, then: Callable[[memoryview], T], data: memoryview) -> After[T]:
         try:
             return cls(then(data), None)
         except Exception as exc:  # not the GET's failure: raised after it, untranslated
@@ -345,8 +345,8 @@ class S3Source:
         what: str,
         then: Callable[[memoryview], T] | None,
         whole_only: bool = True,  # ``then`` only when the answer is the whole object
-    ) -> tuple[Answer, _After[T] | None]:
-        async def call() -> tuple[Answer, _After[T] | None]:
+    ) -> tuple[Answer, After[T] | None]:
+        async def call() -> tuple[Answer, After[T] | None]:
             try:
                 return await self._get_once(url, headers, target, then, whole_only)
             except Exception as exc:
@@ -361,13 +361,13 @@ class S3Source:
         target: memoryview,
         then: Callable[[memoryview], T] | None,
         whole_only: bool,
-    ) -> tuple[Answer, _After[T] | None]:
-        def work(transfer: Transfer) -> tuple[Answer, _After[T] | None]:
+    ) -> tuple[Answer, After[T] | None]:
+        def work(transfer: Transfer) -> tuple[Answer, After[T] | None]:
             answer = get_into(self._pool, url, headers, target, transfer)
             whole = answer.start == 0 and answer.total == answer.filled
             if then is None or (whole_only and not whole):
                 return answer, None
-            return answer, _After.of(then, target[: answer.filled])
+            return answer, After.of(then, target[: answer.filled])
 
         return await self._in_thread(self._gets, work)
 

@@ -31,7 +31,8 @@ from ingest.fetch.digest import Digests, SourceDigest
 from ingest.fetch.ordered_reads import InOrder, ordered_reads
 from ingest.fetch.planning import ByteRange, PixelChunk, chunk_pixels
 from ingest.fetch.ring import PinnedRing, Slot
-from ingest.fetch.s3 import ObjectHead, Presigned, S3Source
+from ingest.fetch.s3 import ObjectHead
+from ingest.fetch.sources import Location, Sources
 from ingest.hooks import Hook, HookChunk
 from ingest.settings import Settings
 from ingest.sink.output import MIN_PART, OutputSink, output_dtype
@@ -102,7 +103,7 @@ class Context:
     """The shared services an object task uses."""
 
     settings: Settings
-    source: S3Source
+    source: Sources  # S3, and files under ``file_roots``
     sink: OutputSink
     ring: PinnedRing
     device: DeviceStage
@@ -132,9 +133,10 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Located:
-    """The object version being read: its presigned URL, and what the first GET told."""
+    """The object version being read: its presigned URL (or file), and what the first
+    read told."""
 
-    where: Presigned
+    where: Location
     ref: ObjectRef
     head: ObjectHead
 

@@ -61,7 +61,7 @@ async def process_object(ctx: Context, ref: ObjectRef) -> Processed:
 
 async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     started = time.perf_counter()
-    where = await ctx.source.locate(ref.bucket, ref.key, ref.version_id)
+    where = await ctx.source.locate(ref)
     expected = ref.size if ref.size else ctx.settings.part_size  # a hint; the answer decides
     first = first_read(expected, ctx.settings.part_size, ctx.settings.max_header_bytes)
     npy_key, json_key = output_keys(ctx.settings, ref.bucket, ref.key)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import posixpath
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +161,35 @@ def parse_audit_key(raw: str) -> bytes:
     return key
 
 
+_ROOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def parse_file_roots(raw: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=PATH,NAME=PATH``: the folders ``file://`` notifications may name, each under
+    the name that stands for a bucket in its objects' output keys. Paths are absolute and
+    normalised; names are distinct, and so are paths.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    roots: list[tuple[str, str]] = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        name, sep, path = (text.strip() for text in item.partition("="))
+        if not sep or not _ROOT_NAME.fullmatch(name):
+            raise ConfigError(
+                f"expected NAME=/absolute/path with NAME like a bucket's, got {item!r}"
+            )
+        if not path.startswith("/") or "\x00" in path:
+            raise ConfigError(f"root {name}: the path must be absolute")
+        roots.append((name, posixpath.normpath(path)))
+    names, paths = [n for n, _ in roots], [p for _, p in roots]
+    if len(set(names)) != len(names) or len(set(paths)) != len(paths):
+        raise ConfigError("two roots share a name or a path")
+    return tuple(roots)
+
+
 def _nonempty(raw: str) -> str:
     if not raw.strip():
         raise ConfigError("must not be empty")
@@ -225,3 +256,4 @@ FILE: Final = Kind(_file, "path")  # an existing file; empty: unset
 FOLDER: Final = Kind(_folder, "path")  # made when it is used; empty: unset
 WINDOW: Final = Kind(parse_window, "`none` or `CENTER,WIDTH`")
 AES_KEY: Final = Kind(parse_audit_key, "base64")
+FILE_ROOTS: Final = Kind(parse_file_roots, "`NAME=PATH,...`")

@@ -25,6 +25,7 @@ from ingest.settings.kinds import (
     ANY_TEXT,
     ENDPOINT,
     FILE,
+    FILE_ROOTS,
     FLAG,
     FOLDER,
     METADATA,
@@ -53,6 +54,7 @@ Sink = Literal["s3", "none"]
 Series = Literal["off", "volume"]
 SourceHash = Literal["crc64nvme", "sha256", "sha256-tree", "none"]
 GpuDecode = Literal["auto", "off"]
+FileReader = Literal["auto", "kvikio", "posix"]
 LogFormat = Literal["auto", "json", "console"]
 KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -115,6 +117,15 @@ class Settings:
         "seconds after a series' last slice before its volume is written without a count",
     )
     device: Device = contract("auto", one_of(Device), "`auto`, `cuda`, `cpu`")
+    file_roots: tuple[tuple[str, str], ...] = contract(
+        (),
+        FILE_ROOTS,
+        (
+            "folders of a mounted file system that `file://` notifications may name, as "
+            "`NAME=PATH,...`; a file's outputs are keyed as if NAME were its bucket and its path "
+            "below PATH its key; a path outside every root is refused (docs/operations.md)"
+        ),
+    )
     audit_key_id: str = tuning("local-1", TEXT, "the `kid` written into every audit envelope")
     sink: Sink = tuning(
         "s3",
@@ -133,6 +144,15 @@ class Settings:
         None,
         OPTIONAL_TEXT,
         ("`module:callable` given every output chunk on the device thread (see `ingest/hooks.py`)"),
+    )
+    file_reader: FileReader = tuning(
+        "auto",
+        one_of(FileReader),
+        (
+            "how files are read into the ring: `kvikio` (KvikIO, GPUDirect Storage where the "
+            "file system and driver support it), `posix` (`preadv` in the read threads), `auto`:"
+            " `kvikio` on a CUDA device with KvikIO installed, else `posix`"
+        ),
     )
     part_size: int = tuning(
         32 * MiB, integer(64 * KiB, GiB), "byte-range size and ring slot size (multiple of 64 KiB)"

@@ -24,6 +24,13 @@ Facts this module relies on, and the choices made where producers differ:
   ``%``. Some releases spell ``eTag`` as ``etag``; its docs show ``size`` as a
   string. Its ``sequencer`` is the hex of a little-endian ``utime_t``, which
   does not sort by time, so Ceph sequencers are never used for ordering.
+- ``file://`` notifications (``{"url": "file:///mnt/archive/ct/1.dcm", ...}``, our own
+  format, written by ``dicom-ingest backfill`` and by users' scripts) name a file on
+  a mounted file system. Its URL path is percent-encoded (RFC 8089); the file must
+  lie under one of the configured roots (``NAME=PATH``) by its path's words alone:
+  no ``.``, ``..`` or empty segment, and a root's path as a prefix. The object is
+  then ``NAME`` (as its bucket) and the path below the root (as its key). Where
+  its symbolic links lead is checked when it is opened (``ingest/fetch/files.py``).
 - Error messages name the field, never its value: keys may hold patient data.
 """
 
@@ -34,7 +41,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote_plus
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 from ingest.errors import NotificationError
 
@@ -42,6 +49,8 @@ MAX_NOTIFICATION_BYTES = 1 << 20
 MAX_KEY_BYTES = 1024  # S3's limit on a key, in UTF-8 bytes
 MAX_OBJECT_SIZE = (1 << 63) - 1  # beyond any S3 object; keeps sizes in int64
 MAX_TOKEN_CHARS = 1024
+MAX_PATH_BYTES = 4096  # Linux's PATH_MAX
+FILE_FORMAT = "file"  # ``ObjectRef.format`` of an object on a file system
 
 # Legacy us-east-1 names (up to 255 of letters, digits, '.', '_', '-') are a
 # superset of today's DNS-style rules; old buckets still exist, so accept them.
@@ -78,22 +87,26 @@ class ObjectRef:
     sequencer: str | None
     event_name: str  # normalised: "ObjectCreated:Put", never with the "s3:" prefix
     event_time: str | None
-    format: str = "aws"  # the producer; decides whether the sequencer orders events
+    format: str = "aws"  # the producer (``FILE_FORMAT``: a file system; bucket = root name)
 
 
 @dataclass(frozen=True, slots=True)
 class Notification:
     """What one Kafka record announced."""
 
-    format: str  # "aws" | "minio" | "eventbridge" | "ceph" | "test-event"
+    format: str  # "aws" | "minio" | "eventbridge" | "ceph" | "file" | "test-event"
     objects: tuple[ObjectRef, ...]
     skipped: int  # records that were not object-created events
 
 
 def parse_notification(
-    value: bytes | None, *, max_bytes: int = MAX_NOTIFICATION_BYTES
+    value: bytes | None,
+    *,
+    max_bytes: int = MAX_NOTIFICATION_BYTES,
+    roots: tuple[tuple[str, str], ...] = (),
 ) -> Notification:
-    """Read one Kafka record value as an S3 object notification.
+    """Read one Kafka record value as an object notification; ``roots`` are the
+    (name, path) pairs ``file://`` URLs may lie under (none: every one is refused).
 
     Raises:
         NotificationError: for anything that is not a well-formed notification
@@ -104,6 +117,8 @@ def parse_notification(
         return _parse_records(doc)
     if "detail-type" in doc:
         return _parse_eventbridge(doc)
+    if "url" in doc:
+        return _parse_file(doc, roots)
     if doc.get("Event") == "s3:TestEvent":
         return Notification("test-event", (), 0)
     raise _error("", "unknown notification format")
@@ -194,6 +209,54 @@ def _parse_eventbridge(doc: dict[str, Any]) -> Notification:
         format="eventbridge",
     )
     return Notification("eventbridge", (ref,), 0)
+
+
+def _parse_file(doc: dict[str, Any], roots: tuple[tuple[str, str], ...]) -> Notification:
+    bucket, key = file_object(_req_str(doc, "url", ""), roots)
+    ref = ObjectRef(
+        bucket=bucket,
+        key=key,
+        size=_opt_size(doc, ""),
+        etag=_opt_token(doc, "etag", ""),
+        version_id=None,
+        sequencer=None,
+        event_name="ObjectCreated:Put",
+        event_time=_opt_str(doc, "time", ""),
+        format=FILE_FORMAT,
+    )
+    return Notification(FILE_FORMAT, (ref,), 0)
+
+
+def file_object(url: str, roots: tuple[tuple[str, str], ...]) -> tuple[str, str]:
+    """(root name, path below the root) of a ``file://`` URL, by its words alone.
+
+    Raises:
+        NotificationError: not a ``file://`` URL of an absolute, plain path (no ``.``,
+            ``..`` or empty segment, no NUL) under one of ``roots``.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+        raise _error("url", "not a file:// URL of this host")
+    if parts.query or parts.fragment:
+        raise _error("url", "a file:// URL has no query or fragment")
+    try:
+        path = unquote(parts.path, errors="strict")
+        size = len(path.encode("utf-8"))
+    except UnicodeError:
+        raise _error("url", "not UTF-8 once percent-decoded") from None
+    if size > MAX_PATH_BYTES:
+        raise _error("url", f"path longer than {MAX_PATH_BYTES} bytes")
+    segments = path.split("/")
+    if segments[0] or "\x00" in path or any(s in ("", ".", "..") for s in segments[1:]):
+        raise _error("url", "not an absolute path of plain segments")
+    for name, root in sorted(roots, key=lambda r: -len(r[1])):  # the deepest root first
+        prefix = root.rstrip("/") + "/"
+        if path.startswith(prefix):
+            key = path[len(prefix) :]
+            if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+                raise _error("url", f"path below its root longer than {MAX_KEY_BYTES} bytes")
+            return name, key
+    raise _error("url", "outside the configured file roots")
 
 
 # -- field readers: each names the field it rejects, never the value ----------

@@ -107,6 +107,12 @@ def bad_notifications(bucket: str, key: str) -> list[BadNotification]:
             "mixed-sources",
             _doc({"Records": [_record(bucket, key), _record(bucket, key, source="ceph:s3")]}),
         ),
+        # file:// URLs: no roots are configured where these run, and none is plain
+        ("file-url-traversal", _doc({"url": "file:///srv/archive/../../etc/passwd"})),
+        ("file-url-encoded-dots", _doc({"url": "file:///srv/archive/%2E%2E/secret.dcm"})),
+        ("file-url-other-host", _doc({"url": "file://pacs-host/srv/archive/a.dcm"})),
+        ("file-url-not-a-string", _doc({"url": ["file:///srv/archive/a.dcm"]})),
+        ("file-url-outside-roots", _doc({"url": "file:///etc/passwd"})),
         ("json-deeply-nested", b"[" * 200_000 + b"]" * 200_000),
         ("json-huge-integer", b'{"Records": [' + b"9" * 5000 + b"]}"),
         ("over-1mib", b'{"x": "' + b"y" * MIB + b'"}'),

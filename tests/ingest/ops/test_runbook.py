@@ -15,7 +15,8 @@ what CI has not, the nearest offline form of the same command runs instead:
 The Compose commands run in a copy of ``compose/`` (the runbook's ``cp``
 writes ``compose/.env``); the ``dicom-ingest dlq replay`` commands run the
 installed command against the embedded stack, with a dead-letter topic a
-worker filled.
+worker filled; the ``dicom-ingest backfill`` commands run it against a bucket of
+CT slices, whose notifications workers then process.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ CASES: dict[str, Callable[[str], bool]] = {
     ),
     "kubectl": lambda c: c.startswith("kubectl "),
     "replay": lambda c: c.startswith("dicom-ingest dlq replay"),
+    "backfill": lambda c: c.startswith("dicom-ingest backfill"),
 }
 
 
@@ -162,3 +164,60 @@ async def test_the_replay_commands(stack: Stack, monkeypatch: pytest.MonkeyPatch
     assert outputs[1].startswith(f"replayed 1 to {topic} (not_found 1)")  # by reason
     assert outputs[2].startswith(f"replayed 0 to {topic} (none)")  # by prefix and time: done
     assert "1 replayed before" in outputs[2]
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+async def test_the_backfill_commands(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The runbook's backfills of an archive: a dry run, a paced run the worker then
+    processes, and a re-run of the preprocessing (a window) into a topic and output prefix
+    of its own, which leaves the first outputs as they were."""
+    for name, value in stack.endpoints.environment().items():  # the worker's S3 login
+        monkeypatch.setenv(name, value)
+    commands = of_case("backfill")
+    assert len(commands) == 3
+    bucket = "pacs-archive"  # as the runbook names it
+    archive = {f"studies/{k}": v for k, v in harness.corpus().items() if k.startswith("ct/")}
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    stack.s3.create_bucket(bucket)
+    await harness.upload(stack, bucket, archive.items())
+    reprocess = "s3-events.reprocess-2026-11"
+    create_topics(stack.kafka.bootstrap, [reprocess])
+    path = f"{BIN}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, **harness.worker_environment(stack, names), "PATH": path}
+    dry, paced, again = (bash(command, tmp_path, env) for command in commands)
+    count = len(archive)
+    assert dry.startswith(f"backfill s3://{bucket}/studies/: would publish {count} ")
+    assert paced.startswith(f"backfill s3://{bucket}/studies/: published {count} ")
+    assert again.startswith(
+        f"backfill s3://{bucket}/studies/: published {count} notifications to {reprocess}"
+    )
+
+    first = await harness.run_worker(harness.make_settings(stack, names), stop_after=count)
+    assert sorted(harness.keys_of(first.outcomes)) == sorted(archive)
+    old = {
+        k: await harness.get_object(stack, names.output_bucket, f"out/{bucket}/{k}.npy")
+        for k in archive
+    }
+    settings = harness.make_settings(
+        stack,
+        names,
+        source_topic=reprocess,
+        group_id=names.group + "-reprocess",
+        output_url=f"s3://{names.output_bucket}/reprocess-2026-11/",
+        window="40,400",
+    )
+    second = await harness.run_worker(settings, stop_after=count)
+    assert [o.error for o in second.outcomes] == [None] * count
+    for key in archive:
+        new = await harness.get_object(
+            stack, names.output_bucket, f"reprocess-2026-11/{bucket}/{key}.npy"
+        )
+        assert harness.load_npy(new).max() <= 1.0  # windowed to [0, 1]
+        assert new != old[key]
+        kept = await harness.get_object(stack, names.output_bucket, f"out/{bucket}/{key}.npy")
+        assert kept == old[key]  # the first outputs are as they were

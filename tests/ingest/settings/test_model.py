@@ -48,6 +48,12 @@ def test_defaults_follow_the_contract() -> None:
         ("DICOM_INGEST_S3_ENDPOINT_URL", "ftp://x", "DICOM_INGEST_S3_ENDPOINT_URL"),
         ("DICOM_INGEST_PART_SIZE", "1000", "DICOM_INGEST_PART_SIZE"),
         ("DICOM_INGEST_RING_SLOTS", "many", "DICOM_INGEST_RING_SLOTS"),
+        ("DICOM_INGEST_FILE_ROOTS", "/mnt/archive", "DICOM_INGEST_FILE_ROOTS"),  # no name
+        ("DICOM_INGEST_FILE_ROOTS", "a=relative/path", "DICOM_INGEST_FILE_ROOTS"),
+        ("DICOM_INGEST_FILE_ROOTS", "-a=/mnt/a", "DICOM_INGEST_FILE_ROOTS"),
+        ("DICOM_INGEST_FILE_ROOTS", "a=/mnt/a,a=/mnt/b", "DICOM_INGEST_FILE_ROOTS"),
+        ("DICOM_INGEST_FILE_ROOTS", "a=/mnt/a,b=/mnt/a/", "DICOM_INGEST_FILE_ROOTS"),
+        ("DICOM_INGEST_FILE_READER", "mmap", "DICOM_INGEST_FILE_READER"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str, needle: str) -> None:
@@ -61,6 +67,15 @@ def test_required_variables(missing: str) -> None:
     env = {k: v for k, v in BASE.items() if k != missing}
     with pytest.raises(ConfigError, match=missing):
         load_settings(env)
+
+
+def test_file_roots_are_named_absolute_normalised_paths() -> None:
+    s = load_settings(
+        {**BASE, "DICOM_INGEST_FILE_ROOTS": " archive=/mnt/lustre//archive/ , hot=/nvme"}
+    )
+    assert s.file_roots == (("archive", "/mnt/lustre/archive"), ("hot", "/nvme"))
+    assert load_settings(BASE).file_roots == ()
+    assert load_settings(BASE).file_reader == "auto"
 
 
 def test_window_parsing() -> None:

@@ -601,3 +601,72 @@ def test_recent_objects_stays_within_capacity(
         recent.seen(ref(key, etag=etag, sequencer=sequencer))
         assert len(recent) <= capacity
         assert recent.tracked_keys <= capacity
+
+
+# -- file:// notifications -------------------------------------------------------
+
+ROOTS = (("archive", "/mnt/lustre/archive"), ("hot", "/mnt/lustre/archive/hot"))
+
+
+def _file(url: str, **fields: Any) -> bytes:
+    return json.dumps({"url": url, **fields}).encode()
+
+
+def test_file_url_names_its_root_and_the_path_below_it() -> None:
+    note = parse_notification(
+        _file(
+            "file:///mnt/lustre/archive/ct/CT%20slice%2B1%C3%A9.dcm",
+            size=525312,
+            etag="1a-2b-3c",
+            time="2026-11-27T03:00:00Z",
+        ),
+        roots=ROOTS,
+    )
+    assert note.format == "file"
+    assert note.objects == (
+        ObjectRef(
+            "archive",
+            "ct/CT slice+1é.dcm",  # percent-decoded, and "+" stays a plus
+            525312,
+            "1a-2b-3c",
+            None,
+            None,
+            "ObjectCreated:Put",
+            "2026-11-27T03:00:00Z",
+            format="file",
+        ),
+    )
+    hot = _file("file://localhost/mnt/lustre/archive/hot/x.dcm")
+    deepest = parse_notification(hot, roots=ROOTS)
+    assert (deepest.objects[0].bucket, deepest.objects[0].key) == ("hot", "x.dcm")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("file:///etc/passwd", "outside the configured file roots"),
+        ("file:///mnt/lustre/archive", "outside the configured file roots"),  # the root itself
+        ("file:///mnt/lustre/archive-2/x.dcm", "outside the configured file roots"),
+        ("file:///mnt/lustre/archive/../../../etc/passwd", "plain segments"),
+        ("file:///mnt/lustre/archive/%2E%2E/secret.dcm", "plain segments"),  # encoded ..
+        ("file:///mnt/lustre/archive/ct/./a.dcm", "plain segments"),
+        ("file:///mnt/lustre/archive//a.dcm", "plain segments"),
+        ("file:///mnt/lustre/archive/a%00.dcm", "plain segments"),
+        ("file:///mnt/lustre/archive/ct/", "plain segments"),
+        ("file://other-host/mnt/lustre/archive/a.dcm", "of this host"),
+        ("s3://bucket/key.dcm", "of this host"),
+        ("file:///mnt/lustre/archive/a.dcm?x=1", "no query"),
+        ("file:///mnt/lustre/archive/%FF.dcm", "not UTF-8"),
+        ("file:///mnt/lustre/archive/" + "a" * 4100, "longer than"),
+        ("file:mnt/lustre/archive/a.dcm", "plain segments"),
+    ],
+)
+def test_file_urls_outside_the_roots_or_not_plain_are_refused(url: str, problem: str) -> None:
+    with pytest.raises(NotificationError, match=problem) as raised:
+        parse_notification(_file(url), roots=ROOTS)
+    assert "lustre" not in str(raised.value)  # the message names the field, not the path
+
+
+def test_file_urls_are_refused_without_roots() -> None:
+    with pytest.raises(NotificationError, match="outside the configured file roots"):
+        parse_notification(_file("file:///mnt/lustre/archive/a.dcm"))
