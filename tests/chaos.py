@@ -117,9 +117,13 @@ def make_corpus(
         bits = (16, 16, 8, 32)[i % 4]
         frames, rows, columns = 4 + i % 9, 96 + 16 * (i % 3), 112 + 8 * (i % 5)
         data = synthetic_multiframe(
-            frames, rows, columns, bits_allocated=bits, signed=i % 2 == 1,
+            frames,
+            rows,
+            columns,
+            bits_allocated=bits,
+            signed=i % 2 == 1,
             per_frame_rescale=i % 3 != 0,
-        )  # fmt: skip
+        )
         objects.append(ChaosObject(f"multiframe/mf-{i:03d} é.dcm", data, OK))
     png_key, png = not_dicom()
     for i in range(not_dicom_objects):
@@ -215,10 +219,14 @@ class WorkerProcess:
             self.spawned_wall = time.time()
             self._popen = subprocess.Popen(
                 [sys.executable, "-m", "ingest.cli", "worker", *self.args],
-                cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,  # no terminal signals
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # no terminal signals
                 preexec_fn=die_with_parent if sys.platform == "linux" else None,
-            )  # fmt: skip
+            )
         LIVE.add(self)
         return self
 
@@ -479,10 +487,19 @@ class ChaosReport:
     def problems(self) -> list[str]:
         found = []
         for name in (
-            "outputs_missing", "outputs_wrong", "unexpected_outputs", "sidecars_wrong",
-            "results_missing", "distinct_duplicate_outputs", "unexpected_results",
-            "dlq_missing", "dlq_wrong", "audit_missing", "audit_wrong", "chain_problems",
-        ):  # fmt: skip
+            "outputs_missing",
+            "outputs_wrong",
+            "unexpected_outputs",
+            "sidecars_wrong",
+            "results_missing",
+            "distinct_duplicate_outputs",
+            "unexpected_results",
+            "dlq_missing",
+            "dlq_wrong",
+            "audit_missing",
+            "audit_wrong",
+            "chain_problems",
+        ):
             items = getattr(self, name)
             if items:
                 found.append(f"{name}: {len(items)}: {items[:5]}")
@@ -571,19 +588,25 @@ async def run_chaos(stack: Stack, config: ChaosConfig, workdir: Path) -> ChaosRe
     harness.prepare(stack, names, partitions=config.partitions)
     corpus = await anyio.to_thread.run_sync(
         lambda: make_corpus(
-            config.seed, ct_slices=config.ct_slices, multiframes=config.multiframes,
-            not_dicom_objects=config.not_dicom_objects, truncated=config.truncated,
-            missing=config.missing, bad_notifications=config.bad_notifications,
+            config.seed,
+            ct_slices=config.ct_slices,
+            multiframes=config.multiframes,
+            not_dicom_objects=config.not_dicom_objects,
+            truncated=config.truncated,
+            missing=config.missing,
+            bad_notifications=config.bad_notifications,
         )
-    )  # fmt: skip
+    )
     await upload_corpus(stack, names.source_bucket, corpus)
     messages = make_messages(corpus, names.source_bucket, rng)
     batches = _split(messages, config.kills + 1, config.first_batch_share, rng)
     report = ChaosReport(
-        objects=len(corpus.objects), supported=len(corpus.supported),
-        bad_objects=len(corpus.bad_objects), bad_notifications=len(corpus.bad_notifications),
+        objects=len(corpus.objects),
+        supported=len(corpus.supported),
+        bad_objects=len(corpus.bad_objects),
+        bad_notifications=len(corpus.bad_notifications),
         messages=len(messages),
-    )  # fmt: skip
+    )
     await anyio.Path(workdir).mkdir(parents=True, exist_ok=True)
     overrides = {"shutdown_deadline_s": str(config.shutdown_deadline_s)}
 

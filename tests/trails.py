@@ -46,12 +46,27 @@ def write_site_key(path: Path) -> Path:
 
 
 OK = AuditEvent(
-    "object.processed", "success", "scans", "ct/1.dcm", '"abc"', "v1",
-    study_instance_uid="1.2.3", series_instance_uid="1.2.3.4", sop_instance_uid="1.2.3.4.5",
+    "object.processed",
+    "success",
+    "scans",
+    "ct/1.dcm",
+    '"abc"',
+    "v1",
+    study_instance_uid="1.2.3",
+    series_instance_uid="1.2.3.4",
+    sop_instance_uid="1.2.3.4.5",
     outputs=("out/scans/ct/1.dcm.npy", "out/scans/ct/1.dcm.json"),
-)  # fmt: skip
-DEAD = AuditEvent("object.dead_lettered", "failure", "scans", "x.dcm", None, None,
-                  reason="not_dicom", error="NotDicom")  # fmt: skip
+)
+DEAD = AuditEvent(
+    "object.dead_lettered",
+    "failure",
+    "scans",
+    "x.dcm",
+    None,
+    None,
+    reason="not_dicom",
+    error="NotDicom",
+)
 
 
 class MemoryPublisher:

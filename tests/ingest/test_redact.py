@@ -33,12 +33,22 @@ def lasting_stderr(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_fields_named_after_patient_attributes_and_secrets_are_masked() -> None:
-    event = redact_event(None, "info", {
-        "event": "x", "patient_name": "DOE^JANE", "PatientID": "12345", "accession_number": "A1",
-        "birth_date": "19700101", "kafka_sasl_password": "hunter2", "audit_key": "c2VjcmV0",
-        "key": "Doe^Jane/ct.dcm", "other": {"patient_id": "777", "token": "t0k"},
-        "count": 3,
-    })  # fmt: skip
+    event = redact_event(
+        None,
+        "info",
+        {
+            "event": "x",
+            "patient_name": "DOE^JANE",
+            "PatientID": "12345",
+            "accession_number": "A1",
+            "birth_date": "19700101",
+            "kafka_sasl_password": "hunter2",
+            "audit_key": "c2VjcmV0",
+            "key": "Doe^Jane/ct.dcm",
+            "other": {"patient_id": "777", "token": "t0k"},
+            "count": 3,
+        },
+    )
     assert event["patient_name"] == event["PatientID"] == event["birth_date"] == "[phi]"
     assert event["accession_number"] == "[phi]"
     assert event["kafka_sasl_password"] == event["audit_key"] == "[secret]"
@@ -68,9 +78,12 @@ def test_free_text_is_scrubbed(text: str, gone: list[str]) -> None:
 
 
 def test_ordinary_messages_pass_unchanged() -> None:
-    for text in ("worker started", "GET bytes=0-65535: S3 answered 503 SlowDown",
-                 "JPEG 2000 Image Compression (Lossless Only) is not supported",
-                 "listening on http://0.0.0.0:8080/"):  # fmt: skip
+    for text in (
+        "worker started",
+        "GET bytes=0-65535: S3 answered 503 SlowDown",
+        "JPEG 2000 Image Compression (Lossless Only) is not supported",
+        "listening on http://0.0.0.0:8080/",
+    ):
         assert scrub_text(text) == text
 
 
@@ -96,8 +109,15 @@ def test_configured_logging_scrubs_structlog_and_stdlib_lines(
     root = logging.getLogger().handlers
     assert root
     assert all(any(isinstance(f, RedactFilter) for f in h.filters) for h in root)
-    record = logging.LogRecord("aiokafka", logging.WARNING, __file__, 1,
-                               "SASL password=hunter2 for %s", ("MUELLER^HANS",), None)  # fmt: skip
+    record = logging.LogRecord(
+        "aiokafka",
+        logging.WARNING,
+        __file__,
+        1,
+        "SASL password=hunter2 for %s",
+        ("MUELLER^HANS",),
+        None,
+    )
     assert RedactFilter().filter(record)
     assert record.getMessage() == "SASL password=[secret] for [phi]"
 

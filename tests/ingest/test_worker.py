@@ -94,8 +94,10 @@ async def test_outputs_sidecars_results_audit_and_dead_letters(
         assert sidecar == results[key]
         source = sidecar["source"]
         assert (source["bucket"], source["key"], source["size"]) == (
-            names.source_bucket, key, len(data),
-        )  # fmt: skip
+            names.source_bucket,
+            key,
+            len(data),
+        )
         assert source["crc64nvme"] == harness.crc64nvme(data)  # the default digest
         assert source["sha256"] is None
         assert sidecar["shape"] == list(expected.shape)

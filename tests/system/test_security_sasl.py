@@ -71,10 +71,21 @@ def sasl_broker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Itera
     with start_tansu(storage, stack.s3, tmp_path_factory.mktemp("tansu-open")) as open_broker:
         for mechanism in ("scram256", "scram512"):
             subprocess.run(
-                [tansu_bin(), "user", "create", "--broker", f"tcp://{open_broker.bootstrap}",
-                 "--mechanism", mechanism, USER, PASSWORD],
-                check=True, capture_output=True, timeout=30,
-            )  # fmt: skip
+                [
+                    tansu_bin(),
+                    "user",
+                    "create",
+                    "--broker",
+                    f"tcp://{open_broker.bootstrap}",
+                    "--mechanism",
+                    mechanism,
+                    USER,
+                    PASSWORD,
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
         env = open_broker._env
     broker = AuthenticatingTansu(tmp_path_factory.mktemp("tansu-auth"), storage, env)
     try:
@@ -111,8 +122,11 @@ def sasl_settings(
     stack.s3.create_bucket(names.output_bucket)
     login = {"kafka_security_protocol": protocol}
     if protocol.startswith("SASL"):
-        login |= {"kafka_sasl_mechanism": mechanism, "kafka_sasl_username": USER,
-                  "kafka_sasl_password": password}  # fmt: skip
+        login |= {
+            "kafka_sasl_mechanism": mechanism,
+            "kafka_sasl_username": USER,
+            "kafka_sasl_password": password,
+        }
     return harness.make_settings(stack, names, kafka_bootstrap=bootstrap, **login), names
 
 
@@ -122,14 +136,23 @@ def sasl_settings(
     ("protocol", "mechanism"),
     [
         ("PLAINTEXT", "PLAIN"),  # the test of the test: the same run on the open broker
-        pytest.param("SASL_PLAINTEXT", "SCRAM-SHA-256",
-                     marks=pytest.mark.xfail(raises=BrokerRejected, strict=True, reason=NO_USERS)),
-        pytest.param("SASL_PLAINTEXT", "SCRAM-SHA-512",
-                     marks=pytest.mark.xfail(raises=BrokerRejected, strict=True, reason=NO_USERS)),
-        pytest.param("SASL_PLAINTEXT", "PLAIN",
-                     marks=pytest.mark.xfail(raises=BrokerError, strict=True, reason=NO_PLAIN)),
+        pytest.param(
+            "SASL_PLAINTEXT",
+            "SCRAM-SHA-256",
+            marks=pytest.mark.xfail(raises=BrokerRejected, strict=True, reason=NO_USERS),
+        ),
+        pytest.param(
+            "SASL_PLAINTEXT",
+            "SCRAM-SHA-512",
+            marks=pytest.mark.xfail(raises=BrokerRejected, strict=True, reason=NO_USERS),
+        ),
+        pytest.param(
+            "SASL_PLAINTEXT",
+            "PLAIN",
+            marks=pytest.mark.xfail(raises=BrokerError, strict=True, reason=NO_PLAIN),
+        ),
     ],
-)  # fmt: skip
+)
 async def test_worker_end_to_end_with_a_sasl_login(
     stack: Stack, sasl_broker: Tansu, protocol: str, mechanism: str
 ) -> None:
@@ -166,10 +189,15 @@ async def test_worker_end_to_end_with_a_sasl_login(
     ],
 )
 async def test_a_refused_login_ends_the_worker_promptly_and_names_no_password(
-    stack: Stack, sasl_broker: Tansu, caplog: pytest.LogCaptureFixture,
-    capfd: pytest.CaptureFixture[str], protocol: str, mechanism: str,
-    refusal: type[BrokerError], said: str,
-) -> None:  # fmt: skip
+    stack: Stack,
+    sasl_broker: Tansu,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+    protocol: str,
+    mechanism: str,
+    refusal: type[BrokerError],
+    said: str,
+) -> None:
     wrong = f"wrong-{uuid.uuid4().hex}"
     settings, _ = sasl_settings(stack, sasl_broker.bootstrap, protocol, mechanism, wrong)
     caplog.set_level(logging.DEBUG)  # every record, aiokafka's requests and responses included
@@ -196,8 +224,14 @@ async def test_a_refused_login_ends_the_worker_promptly_and_names_no_password(
     assert all(c._closed for c in started)  # stopped again: no unclosed client left behind
     assert any("Request to" in line for line in raw.text)  # DEBUG did reach the collector
     out, err = capfd.readouterr()
-    written = ["".join(traceback.format_exception(error)), caplog.text, *raw.text, repr(events),
-               out, err]  # fmt: skip
+    written = [
+        "".join(traceback.format_exception(error)),
+        caplog.text,
+        *raw.text,
+        repr(events),
+        out,
+        err,
+    ]
     for text in written:
         assert wrong not in text
         assert PASSWORD not in text

@@ -32,11 +32,16 @@ async def test_every_output_write_asks_for_server_side_encryption(
             "kms", endpoint_url=moto.endpoint_url, region_name="us-east-1"
         )
         extra["DICOM_INGEST_OUTPUT_SSE_KMS_KEY_ID"] = kms.create_key()["KeyMetadata"]["KeyId"]
-    settings = load_settings({
-        "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:1", "DICOM_INGEST_AUDIT_KEY": "A" * 43 + "=",
-        "DICOM_INGEST_OUTPUT_URL": f"s3://{bucket}/out/", "DICOM_INGEST_OUTPUT_SSE": mode,
-        "DICOM_INGEST_S3_ENDPOINT_URL": moto.endpoint_url, **extra,
-    })  # fmt: skip
+    settings = load_settings(
+        {
+            "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+            "DICOM_INGEST_AUDIT_KEY": "A" * 43 + "=",
+            "DICOM_INGEST_OUTPUT_URL": f"s3://{bucket}/out/",
+            "DICOM_INGEST_OUTPUT_SSE": mode,
+            "DICOM_INGEST_S3_ENDPOINT_URL": moto.endpoint_url,
+            **extra,
+        }
+    )
     big = np.arange(3 * 1024 * 1024 * 2, dtype=np.float32).reshape(6, 1024, 1024)  # 24 MiB
     async with S3Source(settings) as source:
         sink = OutputSink(source, settings)

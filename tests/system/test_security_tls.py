@@ -54,11 +54,14 @@ def _cert(
 ) -> x509.Certificate:
     issuer, signer = (ca[0].subject, ca[1]) if ca else (_name(subject), key)
     builder = (
-        x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(NOW - datetime.timedelta(minutes=5))
         .not_valid_after(NOW + datetime.timedelta(days=1))
-    )  # fmt: skip
+    )
     if ca is None:
         builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
         usage_ext = x509.KeyUsage(True, False, False, False, False, True, True, False, False)
@@ -83,8 +86,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ca = _cert("dicom-ingest test CA", ca_key, None, None)
     files = {"ca": d / "ca.pem"}
     files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    for role, usage in (("server", ExtendedKeyUsageOID.SERVER_AUTH),
-                        ("client", ExtendedKeyUsageOID.CLIENT_AUTH)):  # fmt: skip
+    for role, usage in (
+        ("server", ExtendedKeyUsageOID.SERVER_AUTH),
+        ("client", ExtendedKeyUsageOID.CLIENT_AUTH),
+    ):
         key = ec.generate_private_key(ec.SECP256R1())
         files[role] = d / f"{role}.pem"
         files[role].write_bytes(
@@ -108,8 +113,11 @@ class HttpsSeaweedFS(SeaweedFS):
         argv, env = super()._command(new_ports)
         port = free_ports(1)[0]
         self.https_url = f"https://127.0.0.1:{port}"
-        argv += [f"-s3.port.https={port}", f"-s3.cert.file={self.pki['server']}",
-                 f"-s3.key.file={self.pki['server_key']}"]  # fmt: skip
+        argv += [
+            f"-s3.port.https={port}",
+            f"-s3.cert.file={self.pki['server']}",
+            f"-s3.key.file={self.pki['server_key']}",
+        ]
         return argv, env
 
 
@@ -181,9 +189,10 @@ async def tls_terminator(
 
 
 def test_worker_over_https_s3_and_tls_kafka_with_a_client_certificate(
-    pki: dict[str, Path], tls_servers: tuple[HttpsSeaweedFS, AdvertisingTansu, int],
+    pki: dict[str, Path],
+    tls_servers: tuple[HttpsSeaweedFS, AdvertisingTansu, int],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     s3, broker, proxy_port = tls_servers
     bootstrap = f"127.0.0.1:{proxy_port}"
     for name, value in Stack(s3, broker, s3.directory).endpoints.environment().items():
@@ -194,12 +203,14 @@ def test_worker_over_https_s3_and_tls_kafka_with_a_client_certificate(
     s3.create_bucket(names.output_bucket)
     env = harness.worker_environment(Stack(s3, broker, s3.directory), names)
     env |= {
-        "DICOM_INGEST_KAFKA_BOOTSTRAP": bootstrap, "DICOM_INGEST_S3_ENDPOINT_URL": s3.https_url,
-        "DICOM_INGEST_S3_CA_BUNDLE": str(pki["ca"]), "DICOM_INGEST_KAFKA_SECURITY_PROTOCOL": "SSL",
+        "DICOM_INGEST_KAFKA_BOOTSTRAP": bootstrap,
+        "DICOM_INGEST_S3_ENDPOINT_URL": s3.https_url,
+        "DICOM_INGEST_S3_CA_BUNDLE": str(pki["ca"]),
+        "DICOM_INGEST_KAFKA_SECURITY_PROTOCOL": "SSL",
         "DICOM_INGEST_KAFKA_SSL_CAFILE": str(pki["ca"]),
         "DICOM_INGEST_KAFKA_SSL_CERTFILE": str(pki["client"]),
         "DICOM_INGEST_KAFKA_SSL_KEYFILE": str(pki["client_key"]),
-    }  # fmt: skip
+    }
     settings = load_settings(env)
     tls = client_security(settings)
     objects = [(f"ct/{k}", v) for k, v in synthetic_ct_series(3, rows=32, columns=32)]

@@ -57,16 +57,23 @@ def kms_key(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
 
 async def kms_trail(moto: MotoServer, key: str, tmp: Path, events: int) -> tuple[list[bytes], int]:
     s = settings_for(
-        tmp, audit_kms_key_id=key, audit_kms_endpoint_url=moto.endpoint_url,
+        tmp,
+        audit_kms_key_id=key,
+        audit_kms_endpoint_url=moto.endpoint_url,
         audit_rotate_records="3",
-    )  # fmt: skip
+    )
     trail = AuditTrail(None, "unused", "w-kms")
     keys = KmsKeys(s.audit_kms_key_id, s.audit_kms_endpoint_url)
     publisher = MemoryPublisher()
     audit = AuditPublisher(
-        trail, publisher, "audit", "w-kms",  # type: ignore[arg-type]
-        keys=keys, signer=DigestSigner(site_signer(), "w-kms", trail.trail), settings=s,
-    )  # fmt: skip
+        trail,
+        publisher,  # type: ignore[arg-type]
+        "audit",
+        "w-kms",
+        keys=keys,
+        signer=DigestSigner(site_signer(), "w-kms", trail.trail),
+        settings=s,
+    )
     try:
         await audit.start()
         for i in range(events):
@@ -147,9 +154,11 @@ def test_digests_signed_by_a_kms_key_verify_against_it_alone(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     s = settings_for(
-        tmp_path, audit_kms_key_id=kms_key, audit_kms_endpoint_url=moto.endpoint_url,
+        tmp_path,
+        audit_kms_key_id=kms_key,
+        audit_kms_endpoint_url=moto.endpoint_url,
         audit_signing_kms_key_id=kms_signing_key,
-    )  # fmt: skip
+    )
 
     async def trail() -> list[bytes]:
         signer = await open_signer(s)  # what the worker opens: GetPublicKey, then kms:Sign
@@ -157,9 +166,14 @@ def test_digests_signed_by_a_kms_key_verify_against_it_alone(
         publisher = MemoryPublisher()
         t = AuditTrail(None, "unused", "w-kms")
         audit = AuditPublisher(
-            t, publisher, "audit", "w-kms",  # type: ignore[arg-type]
-            keys=keys, signer=DigestSigner(signer, "w-kms", t.trail), settings=s,
-        )  # fmt: skip
+            t,
+            publisher,  # type: ignore[arg-type]
+            "audit",
+            "w-kms",
+            keys=keys,
+            signer=DigestSigner(signer, "w-kms", t.trail),
+            settings=s,
+        )
         try:
             await audit.start()
             await audit.record(OK)

@@ -64,9 +64,13 @@ def test_worker_trail_verifies_and_exports_from_the_topic(
         )
         == 0
     )
-    env = harness.worker_environment(stack, names, audit_digest_records="4",
-                                     audit_keyring_file=str(keyring),
-                                     audit_signing_key_file=str(signing))  # fmt: skip
+    env = harness.worker_environment(
+        stack,
+        names,
+        audit_digest_records="4",
+        audit_keyring_file=str(keyring),
+        audit_signing_key_file=str(signing),
+    )
     del env["DICOM_INGEST_AUDIT_KEY"]
     settings = load_settings(env)
     anyio.run(prepared, stack, names, 9)
@@ -116,10 +120,15 @@ async def test_spool_carries_the_trail_while_the_audit_broker_is_down(
     with start_tansu(f"s3://{names.output_bucket}-tansu/", stack.s3, tmp_path) as audit_broker:
         create_topics(audit_broker.bootstrap, [names.audit_topic])
         env = harness.worker_environment(
-            stack, names, audit_keyring_file=str(keyring), audit_spool_dir=str(tmp_path / "spool"),
-            audit_spool_max_bytes=str(64 * 1024), audit_ack_timeout_s="0.5",
-            audit_kafka_bootstrap=audit_broker.bootstrap, max_objects_in_flight="4",
-        )  # fmt: skip
+            stack,
+            names,
+            audit_keyring_file=str(keyring),
+            audit_spool_dir=str(tmp_path / "spool"),
+            audit_spool_max_bytes=str(64 * 1024),
+            audit_ack_timeout_s="0.5",
+            audit_kafka_bootstrap=audit_broker.bootstrap,
+            max_objects_in_flight="4",
+        )
         del env["DICOM_INGEST_AUDIT_KEY"]
         settings = load_settings(env)
         outcomes: list[Outcome] = []

@@ -116,8 +116,14 @@ def test_envelope_has_exactly_design_fields_and_opens_with_plain_aes_gcm() -> No
     dec.authenticate_additional_data(aad)
     assert json.loads(dec.update(ct[:-16]) + dec.finalize()) == record == open_envelope(msg, KEYS)
     header = json.loads(aad)
-    assert header == {"v": 1, "alg": "AES-256-GCM", "kid": KID, "worker": "w1",
-                      "trail": record["trail"], "seq": 0}  # fmt: skip
+    assert header == {
+        "v": 1,
+        "alg": "AES-256-GCM",
+        "kid": KID,
+        "worker": "w1",
+        "trail": record["trail"],
+        "seq": 0,
+    }
 
 
 def test_no_patient_fields() -> None:
@@ -167,12 +173,26 @@ def test_swapped_aad_from_another_record_fails() -> None:
 def test_aad_that_disagrees_with_record_fails() -> None:
     # Someone holding the key seals a record under another worker's aad.
     record = open_envelope(trail().seal(OK), KEYS)
-    aad = json.dumps({"v": 1, "alg": "AES-256-GCM", "kid": KID, "worker": "w9",
-                      "trail": record["trail"], "seq": 0}).encode()  # fmt: skip
+    aad = json.dumps(
+        {
+            "v": 1,
+            "alg": "AES-256-GCM",
+            "kid": KID,
+            "worker": "w9",
+            "trail": record["trail"],
+            "seq": 0,
+        }
+    ).encode()
     nonce = bytes(12)
     ct = AESGCM(KEY).encrypt(nonce, json.dumps(record).encode(), aad)
-    env = {"v": 1, "alg": "AES-256-GCM", "kid": KID, "nonce": b64(nonce), "aad": b64(aad),
-           "ct": b64(ct)}  # fmt: skip
+    env = {
+        "v": 1,
+        "alg": "AES-256-GCM",
+        "kid": KID,
+        "nonce": b64(nonce),
+        "aad": b64(aad),
+        "ct": b64(ct),
+    }
     with pytest.raises(AuditVerificationError, match="worker"):
         open_envelope(reencode(env), KEYS)
 

@@ -85,9 +85,13 @@ async def test_a_record_spooled_while_the_forwarder_empties_the_spool_is_forward
     topic = SwitchedTopic()
     spool = HeldSpool(tmp_path / "spool", 64 * 1024)
     audit = AuditPublisher(
-        AuditTrail(KEY, "k1", "w1"), topic, "audit", "w1",  # type: ignore[arg-type]
-        settings=settings(), spool=spool,
-    )  # fmt: skip
+        AuditTrail(KEY, "k1", "w1"),
+        topic,  # type: ignore[arg-type]
+        "audit",
+        "w1",
+        settings=settings(),
+        spool=spool,
+    )
     async with anyio.create_task_group() as group:
         await group.start(audit.run)
         await audit.record(OK)  # not acknowledged in time: spooled
@@ -153,9 +157,14 @@ async def test_a_restarted_worker_forwards_a_former_worker_ids_spool(tmp_path: P
     assert [s.name for s in found] == ["host-4242"]
     topic = KeyedTopic()
     audit = AuditPublisher(
-        AuditTrail(KEY, "k1", "host"), topic, "audit", "host",  # type: ignore[arg-type]
-        settings=settings(), spool=Spool(root / "host", 64 * 1024), orphaned=found,
-    )  # fmt: skip
+        AuditTrail(KEY, "k1", "host"),
+        topic,  # type: ignore[arg-type]
+        "audit",
+        "host",
+        settings=settings(),
+        spool=Spool(root / "host", 64 * 1024),
+        orphaned=found,
+    )
     async with anyio.create_task_group() as group:
         await group.start(audit.run)
         await wait_until(lambda: len(topic.messages) == 2)

@@ -149,9 +149,15 @@ async def keyring_trail(
     previous = state.previous() if state is not None else Previous()
     digests = DigestSigner(signer or site_signer(), worker, trail.trail, previous, 60.0)
     audit = AuditPublisher(
-        trail, publisher, "audit", worker,  # type: ignore[arg-type]
-        keys=LocalKeyring(keyring), signer=digests, settings=s, state=state,
-    )  # fmt: skip
+        trail,
+        publisher,  # type: ignore[arg-type]
+        "audit",
+        worker,
+        keys=LocalKeyring(keyring),
+        signer=digests,
+        settings=s,
+        state=state,
+    )
     await audit.start()
     for i in range(events):
         await audit.record(OK if i % 3 else DEAD)
@@ -191,8 +197,11 @@ def test_records_carry_the_a5_audit_message() -> None:
     )
     a5 = ok["dicom_audit"]
     ident = a5["EventIdentification"]
-    assert ident["EventID"] == {"code": "110104", "codeSystemName": "DCM",
-                                "displayName": "DICOM Instances Transferred"}  # fmt: skip
+    assert ident["EventID"] == {
+        "code": "110104",
+        "codeSystemName": "DCM",
+        "displayName": "DICOM Instances Transferred",
+    }
     assert (ident["EventActionCode"], ident["EventOutcomeIndicator"]) == ("C", "0")
     assert ident["EventDateTime"] == ok["time"]
     source, me = a5["ActiveParticipant"]
@@ -215,7 +224,11 @@ def test_records_carry_the_a5_audit_message() -> None:
     assert s3obj["ParticipantObjectID"] == "s3://scans/ct/1.dcm"
     assert s3obj["ParticipantObjectIDTypeCode"]["code"] == "12"
     assert {d["type"]: d["value"] for d in s3obj["ParticipantObjectDetail"]} == {
-        "Bucket": "scans", "Key": "ct/1.dcm", "VersionId": "v1", "ETag": '"abc"'}  # fmt: skip
+        "Bucket": "scans",
+        "Key": "ct/1.dcm",
+        "VersionId": "v1",
+        "ETag": '"abc"',
+    }
     assert [o["ParticipantObjectID"] for o in outputs] == list(OK.outputs)
     dead_ident = dead["dicom_audit"]["EventIdentification"]
     assert (dead_ident["EventID"]["code"], dead_ident["EventOutcomeIndicator"]) == ("110107", "8")
@@ -242,8 +255,11 @@ def test_the_a5_message_names_the_patient_and_the_sop_class() -> None:
         "ParticipantObjectTypeCode": "1",
         "ParticipantObjectTypeCodeRole": "1",
         "ParticipantObjectIDTypeCode": {
-            "code": "2", "codeSystemName": "RFC-3881", "displayName": "Patient Number"},
-    }  # fmt: skip
+            "code": "2",
+            "codeSystemName": "RFC-3881",
+            "displayName": "Patient Number",
+        },
+    }
     (sop_class,) = study["ParticipantObjectDescription"]["SOPClass"]
     assert sop_class["UID"] == "1.2.840.10008.5.1.4.1.1.2"
     assert sop_class["Instance"] == [{"UID": "1.2.3.4.5"}]
@@ -267,8 +283,9 @@ async def test_keyring_envelopes_rotate_and_stay_decryptable(keyring: Path) -> N
     # a holder of the keyring alone, with plain AES-GCM:
     env = envelopes[5]
     aad = json.loads(base64.b64decode(env["aad"]))
-    key = await LocalKeyring(keyring).unwrap(env["kid"], base64.b64decode(env["edk"]),
-                                              context(aad["worker"], aad["trail"]))  # fmt: skip
+    key = await LocalKeyring(keyring).unwrap(
+        env["kid"], base64.b64decode(env["edk"]), context(aad["worker"], aad["trail"])
+    )
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     plain = AESGCM(key).decrypt(*(base64.b64decode(env[f]) for f in ("nonce", "ct", "aad")))
@@ -309,7 +326,11 @@ async def test_an_intact_trail_verifies_with_and_without_keys(keyring: Path) -> 
     digests = [json.loads(m) for m in messages if b'"digest"' in m]
     # after the start, records 3 and 6, and at the stop (final)
     assert [(d["digest_seq"], d["last_seq"], d["final"]) for d in digests] == [
-        (0, 0, False), (1, 3, False), (2, 6, False), (3, 8, True)]  # fmt: skip
+        (0, 0, False),
+        (1, 3, False),
+        (2, 6, False),
+        (3, 8, True),
+    ]
     assert all(d["type"] == "digest" and "ct" not in d for d in digests)
     with_keys = await opened(messages, keyring)
     assert with_keys.ok, with_keys.findings
@@ -448,9 +469,13 @@ def test_cli_export_file_verify_and_decrypt(
     assert "verified: no break" in capsys.readouterr().out
     assert cli(monkeypatch, ["audit", "decrypt", "--file", str(export)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["event"] for r in lines] == ["application.start", "object.dead_lettered",
-                                           "object.processed", "object.processed",
-                                           "application.stop"]  # fmt: skip
+    assert [r["event"] for r in lines] == [
+        "application.start",
+        "object.dead_lettered",
+        "object.processed",
+        "object.processed",
+        "application.stop",
+    ]
     tampered = tmp_path / "tampered.jsonl"
     records = _record_positions(messages)
     write_export(tampered, "t", [m for i, m in enumerate(stored) if i != records[2]])
@@ -545,8 +570,10 @@ async def test_restarts_chain_trails_and_a_killed_workers_tail_is_signed_by_its_
     first, killed, _ = (json.loads(t[0]) for t in trails)
     digest0 = [json.loads(t[1]) for t in trails]
     assert [d["prev_trail"] for d in digest0] == [
-        "", json.loads(base64.b64decode(first["aad"]))["trail"],
-        json.loads(base64.b64decode(killed["aad"]))["trail"]]  # fmt: skip
+        "",
+        json.loads(base64.b64decode(first["aad"]))["trail"],
+        json.loads(base64.b64decode(killed["aad"]))["trail"],
+    ]
     assert digest0[2]["prev_seq"] == 3  # the killed run's start and 3 records, acknowledged
     report = await opened([m for t in trails for m in t], keyring)
     assert report.ok, report.findings
@@ -619,10 +646,14 @@ async def test_an_idle_workers_heartbeats_tell_it_from_a_cut_tail(keyring: Path)
     publisher = MemoryPublisher()
     trail = AuditTrail(None, "unused", "w1")
     audit = AuditPublisher(
-        trail, publisher, "audit", "w1",  # type: ignore[arg-type]
-        keys=LocalKeyring(keyring), settings=s,
+        trail,
+        publisher,  # type: ignore[arg-type]
+        "audit",
+        "w1",
+        keys=LocalKeyring(keyring),
+        settings=s,
         signer=DigestSigner(site_signer(), "w1", trail.trail, Previous(), 0.05),
-    )  # fmt: skip
+    )
     await audit.start()
     async with anyio.create_task_group() as group:
         await group.start(audit.run)
@@ -666,8 +697,9 @@ async def test_a_resigned_trail_fails_against_the_pinned_key(
     # and signs new digests over what is left with a key of their own
     records = _record_positions(messages)
     kept = [m for m in messages[: records[-3]] if b'"digest"' not in m]
-    mallory = DigestSigner(LocalSigner(Ed25519PrivateKey.generate()), "w1", json.loads(
-        messages[1])["trail"])  # fmt: skip
+    mallory = DigestSigner(
+        LocalSigner(Ed25519PrivateKey.generate()), "w1", json.loads(messages[1])["trail"]
+    )
     head = ENVELOPE_HEAD_ZERO
     for message in kept:
         head = envelope_step(head, message)
@@ -777,9 +809,11 @@ async def test_a_forged_digest_cannot_move_a_later_trail_behind_the_checkpoint(
     cut = [m for i, m in enumerate(c) if i != _record_positions(c)[2]]  # a record of c gone
     # a digest in the (unchecked) trail before the checkpoint naming c as its predecessor
     mallory = DigestSigner(
-        LocalSigner(Ed25519PrivateKey.generate()), "w1", json.loads(a[1])["trail"],
+        LocalSigner(Ed25519PrivateKey.generate()),
+        "w1",
+        json.loads(a[1])["trail"],
         Previous(json.loads(c[1])["trail"]),
-    )  # fmt: skip
+    )
     forged = await mallory.sign(0, "0" * 64, "0" * 64, "2026-01-01T00:00:00Z")
     report = await opened([forged, *a, *b, *cut], keyring, checkpoint=checkpoint)
     assert "deleted" in kinds(report)  # c is still checked

@@ -75,8 +75,9 @@ def test_the_corpus_writer_replaces_a_series_and_keeps_to_its_count(tmp_path: Pa
     assert "slide" not in first  # no slide unless asked
     assert write_corpus(tmp_path, ("ct-rle",), 2)["ct-rle"][0] == 2
     assert sorted(p.name for p in (tmp_path / "ct-rle").iterdir()) == [
-        "slice-0001.dcm", "slice-0002.dcm",
-    ]  # fmt: skip
+        "slice-0001.dcm",
+        "slice-0002.dcm",
+    ]
     with pytest.raises(ValueError, match="--write"):
         write_corpus(tmp_path, ("ct-jpeg",), 2)
 
@@ -97,9 +98,7 @@ def test_the_bench_takes_the_series_and_the_slide_from_the_corpus(
 ) -> None:
     target = s3_target(BenchConfig(), stack, "corpus")
     ensure_buckets(target)
-    got = prepare_workloads(
-        target, ["slide", "ct-htj2k"], 5, 1, tmp_path, decode_corpus=corpus
-    )  # fmt: skip
+    got = prepare_workloads(target, ["slide", "ct-htj2k"], 5, 1, tmp_path, decode_corpus=corpus)
     htj2k = got["ct-htj2k"]
     slices = sorted((corpus / "ct-htj2k").glob("*.dcm"))
     assert htj2k.files == tuple(slices[i % 2] for i in range(5))  # cycled over two slices
@@ -164,8 +163,12 @@ class _Image:
         self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "version": 3}
 
 
-def _fake_nvimgcodec(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], typestr: str,
-                     fail_at: int | None = None) -> list[tuple[int, str]]:  # fmt: skip
+def _fake_nvimgcodec(
+    monkeypatch: pytest.MonkeyPatch,
+    shape: tuple[int, ...],
+    typestr: str,
+    fail_at: int | None = None,
+) -> list[tuple[int, str]]:
     calls: list[tuple[int, str]] = []
     decoded = [0]
 
@@ -185,9 +188,12 @@ def _fake_nvimgcodec(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], ty
         return types.SimpleNamespace(color_spec=color_spec)
 
     nv = types.SimpleNamespace(
-        Decoder=Decoder, CodeStream=lambda array: array, DecodeParams=params,
-        ColorSpec=types.SimpleNamespace(SRGB="srgb", UNCHANGED="unchanged"), __version__="0.9.0",
-    )  # fmt: skip
+        Decoder=Decoder,
+        CodeStream=lambda array: array,
+        DecodeParams=params,
+        ColorSpec=types.SimpleNamespace(SRGB="srgb", UNCHANGED="unchanged"),
+        __version__="0.9.0",
+    )
     cuda = types.SimpleNamespace(Device=lambda _=0: types.SimpleNamespace(synchronize=lambda: None))
     monkeypatch.setitem(sys.modules, "nvidia", types.SimpleNamespace(nvimgcodec=nv))
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", nv)
@@ -255,9 +261,13 @@ def _fake_plugin(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return True
 
     module.__dict__.update(
-        NVIMGCODEC_PLUGIN_LABEL=PLUGIN_LABEL, register=register, unregister=unregister,
-        is_available=lambda uid: True, DECODER_DEPENDENCIES={}, _decode_frame=decode_frame,
-    )  # fmt: skip
+        NVIMGCODEC_PLUGIN_LABEL=PLUGIN_LABEL,
+        register=register,
+        unregister=unregister,
+        is_available=lambda uid: True,
+        DECODER_DEPENDENCIES={},
+        _decode_frame=decode_frame,
+    )
     monkeypatch.setitem(sys.modules, PLUGIN_MODULE, module)
     return calls
 
@@ -293,8 +303,12 @@ def test_the_plugin_reader_skips_a_syntax_the_plugin_does_not_decode(
 
 
 def _entry(frames_per_s: float) -> dict[str, Any]:
-    median = {"frames_per_s": frames_per_s, "decoded_mb_per_s": frames_per_s / 2,
-              "gb_per_s": 0.1, "peak_rss_bytes": 3e8}  # fmt: skip
+    median = {
+        "frames_per_s": frames_per_s,
+        "decoded_mb_per_s": frames_per_s / 2,
+        "gb_per_s": 0.1,
+        "peak_rss_bytes": 3e8,
+    }
     return {"status": "ok", "median": median}
 
 
@@ -310,18 +324,22 @@ def _report(gpu: str | None) -> dict[str, Any]:
         "workloads": {w: _described(w) for w in ("slide", "ct-rle")},
         "results": {
             "slide": {
-                "pydicom-loop": _entry(100.0), "cpu-pool": _entry(400.0),
-                "nvimgcodec": _entry(10_000.0), "nvimgcodec-plugin": _entry(900.0),
-                "ours-hook": _entry(8_500.0), "ours": _entry(2_000.0),
+                "pydicom-loop": _entry(100.0),
+                "cpu-pool": _entry(400.0),
+                "nvimgcodec": _entry(10_000.0),
+                "nvimgcodec-plugin": _entry(900.0),
+                "ours-hook": _entry(8_500.0),
+                "ours": _entry(2_000.0),
             },
             "ct-rle": {
-                "pydicom-loop": _entry(50.0), "cpu-pool": _entry(90.0),
+                "pydicom-loop": _entry(50.0),
+                "cpu-pool": _entry(90.0),
                 "nvimgcodec": {"status": "skipped", "short": "CPU only"},
                 "nvimgcodec-plugin": {"status": "skipped", "short": "no plugin"},
                 "ours-hook": _entry(80.0),
             },
         },
-    }  # fmt: skip
+    }
     report["decode_ratios"] = decode_ratios(report)
     return report
 

@@ -130,9 +130,13 @@ GPU_DECODE = ("nvimgcodec", "nvimgcodec-plugin")
 @pytest.mark.timeout(120)
 async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: Path) -> None:
     config = BenchConfig(
-        out=tmp_path, workloads=tuple(DECODE_WORKLOADS), ct_count=2, slide_mb=1, repeats=1,
+        out=tmp_path,
+        workloads=tuple(DECODE_WORKLOADS),
+        ct_count=2,
+        slide_mb=1,
+        repeats=1,
         plots=False,
-    )  # fmt: skip
+    )
     output = io.StringIO()
     await run_bench(config, stack, Console(file=output, width=160))
     on_disk = _written(tmp_path)
@@ -176,8 +180,12 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
         w: on_disk["workloads"][w]["frames"] for w in DECODE_WORKLOADS if not w.startswith("slide")
     }
     assert series == {
-        "ct-j2k": 2, "ct-htj2k": 2, "ct-rle": 2, "ct-htj2k-volume": 2, "ct-j2k-volume": 2,
-    }  # fmt: skip
+        "ct-j2k": 2,
+        "ct-htj2k": 2,
+        "ct-rle": 2,
+        "ct-htj2k-volume": 2,
+        "ct-j2k-volume": 2,
+    }
     for volume in ("ct-htj2k-volume", "ct-j2k-volume"):
         assert on_disk["workloads"][volume]["objects"] == 1  # the series as one object
     assert on_disk["ratios"] == []  # the fetch ratios: no fetch workload ran
@@ -197,8 +205,15 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
 
 def test_readers_fit_their_workloads() -> None:
     assert readers_for("ct", READERS) == (
-        "curl", "threads", "kvikio-raw", "naive", "kvikio", "put-raw", "ours", "ours-hook",
-    )  # fmt: skip
+        "curl",
+        "threads",
+        "kvikio-raw",
+        "naive",
+        "kvikio",
+        "put-raw",
+        "ours",
+        "ours-hook",
+    )
     assert readers_for("slide", READERS) == DECODE_RUN
     assert readers_for("slide", ("put-raw", "ours")) == ("put-raw", "ours")  # named: the sink's
     assert readers_for("ct-rle", ("threads", "ours-hook", "cpu-pool")) == ("ours-hook", "cpu-pool")
@@ -219,12 +234,14 @@ def test_decode_ratios_are_ours_over_each_reference() -> None:
         "workloads": {"ct-j2k": {"transfer_syntax": DECODE_WORKLOADS["ct-j2k"]}},
         "results": {
             "ct-j2k": {
-                "pydicom-loop": entry(40.0), "cpu-pool": entry(80.0), "ours-hook": entry(60.0),
+                "pydicom-loop": entry(40.0),
+                "cpu-pool": entry(80.0),
+                "ours-hook": entry(60.0),
                 "ours": {"status": "failed"},
             },
             "ct": {"ours": entry(1.0)},  # not a decode workload
         },
-    }  # fmt: skip
+    }
     (row,) = decode_ratios(report)
     assert (row["workload"], row["mode"], row["syntax"]) == (
         "ct-j2k",
@@ -254,9 +271,15 @@ SCALED_SLICES = 24
 @pytest.mark.timeout(120)
 async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Path) -> None:
     config = BenchConfig(
-        out=tmp_path, workloads=("ct",), readers=(), ct_count=SCALED_SLICES, repeats=1, plots=False,
-        processes=(2,), paced_rate=40.0,
-    )  # fmt: skip
+        out=tmp_path,
+        workloads=("ct",),
+        readers=(),
+        ct_count=SCALED_SLICES,
+        repeats=1,
+        plots=False,
+        processes=(2,),
+        paced_rate=40.0,
+    )
     output = io.StringIO()
     report = await run_bench(config, stack, Console(file=output, width=160))
     on_disk = _written(tmp_path)
@@ -283,8 +306,9 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
         assert entry["latency_burst"]["p50_ms"] > 0
         assert entry["result_gaps"]["given_up"] == 0
     assert {(r["label"], r["over_p1"]) for r in on_disk["scaling"]} == {
-        ("ours-hook-p2", None), ("ours-p2", None),  # no p1 in this run: no ratio
-    }  # fmt: skip
+        ("ours-hook-p2", None),
+        ("ours-p2", None),  # no p1 in this run: no ratio
+    }
     best = [t for t in report["targets"] if t["target"].startswith("CT objects/s, best scaled")]
     assert len(best) == 1
     assert best[0]["value"] > 0
@@ -299,9 +323,16 @@ async def test_the_corpus_against_the_plain_sequential_worker(stack: Stack, tmp_
     object, one worker process with the sink on against the plain worker, which
     reads every sample (pydicom and its plugins) and PUTs every output."""
     config = BenchConfig(
-        out=tmp_path, workloads=("corpus",), readers=("plain",), ct_count=3, large_mb=20,
-        repeats=1, plots=False, processes=(1,), scaled_modes=("ours",),
-    )  # fmt: skip
+        out=tmp_path,
+        workloads=("corpus",),
+        readers=("plain",),
+        ct_count=3,
+        large_mb=20,
+        repeats=1,
+        plots=False,
+        processes=(1,),
+        scaled_modes=("ours",),
+    )
     output = io.StringIO()
     report = await run_bench(config, stack, Console(file=output, width=160))
     corpus = _written(tmp_path)["results"]["corpus"]
@@ -421,8 +452,9 @@ def test_a_ratio_just_below_its_goal_does_not_print_as_the_goal() -> None:
 
 
 def test_tree_meter_reads_a_worker_process() -> None:
-    program = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); " \
-        "time.sleep(30)"  # fmt: skip
+    program = (
+        "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
+    )
     child = subprocess.Popen([sys.executable, "-c", program])
     try:
         assert child.pid in process_tree(os.getpid())
@@ -442,10 +474,13 @@ def test_plan_ranges_cover_every_byte_once() -> None:
     workload = Workload("w", (BenchObject("a", 10), BenchObject("b", 4), BenchObject("c", 8)))
     jobs = plan_ranges(workload, 4)
     assert [(j.key, j.start, j.length, j.dest) for j in jobs] == [
-        ("a", 0, 4, 0), ("a", 4, 4, 4), ("a", 8, 2, 8),
+        ("a", 0, 4, 0),
+        ("a", 4, 4, 4),
+        ("a", 8, 2, 8),
         ("b", 0, 4, 10),
-        ("c", 0, 4, 14), ("c", 4, 4, 18),
-    ]  # fmt: skip
+        ("c", 0, 4, 14),
+        ("c", 4, 4, 18),
+    ]
 
 
 def test_percentile_nearest_rank() -> None:

@@ -68,18 +68,24 @@ def test_put_raw_uploads_the_outputs_the_sink_would_write(
         etags = {o["Key"].removeprefix(PREFIX): o["ETag"] for o in listed}
         large_key = f"{target.source_bucket}/{mix.objects[0].key}.npy"
         arrays = {
-            obj.key: np.load(io.BytesIO(client.get_object(
-                Bucket=target.output_bucket, Key=f"{PREFIX}{target.source_bucket}/{obj.key}.npy",
-            )["Body"].read()))
+            obj.key: np.load(
+                io.BytesIO(
+                    client.get_object(
+                        Bucket=target.output_bucket,
+                        Key=f"{PREFIX}{target.source_bucket}/{obj.key}.npy",
+                    )["Body"].read()
+                )
+            )
             for obj in mix.objects
-        }  # fmt: skip
+        }
         sources = {
             o.key: _download(client, target.source_bucket, o.key, tmp_path) for o in mix.objects
         }
     finally:
         client.close()
-    expected = {f"{target.source_bucket}/{o.key}{ext}" for o in mix.objects
-                for ext in (".npy", ".json")}  # fmt: skip
+    expected = {
+        f"{target.source_bucket}/{o.key}{ext}" for o in mix.objects for ext in (".npy", ".json")
+    }
     assert set(sizes) == expected
     assert sum(sizes.values()) == first["output_bytes"]  # every byte it counted, on the server
     assert sizes[large_key] == large_npy
@@ -107,12 +113,18 @@ def test_the_sink_is_judged_against_put_raw_and_against_itself_with_the_sink_off
     report: dict[str, Any] = {
         "machine": {"gpu": "H200"},
         "results": {
-            "large": {"put-raw": entry(0.30, 0.3), "ours": entry(0.27, 0.27),
-                      "ours-hook": entry(6.0, 6.0)},
-            "ct": {"put-raw": entry(0.5, 900.0), "ours": entry(0.17, 330.0),
-                   "ours-hook": entry(0.29, 550.0)},
+            "large": {
+                "put-raw": entry(0.30, 0.3),
+                "ours": entry(0.27, 0.27),
+                "ours-hook": entry(6.0, 6.0),
+            },
+            "ct": {
+                "put-raw": entry(0.5, 900.0),
+                "ours": entry(0.17, 330.0),
+                "ours-hook": entry(0.29, 550.0),
+            },
         },
-    }  # fmt: skip
+    }
     report["ratios"] = ratios(report)
     rows = {(r["workload"], r["mode"]): r for r in report["ratios"]}
     assert rows[("large", "ours")]["ours_over_put_raw"] == pytest.approx(0.9)

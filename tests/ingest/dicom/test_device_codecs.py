@@ -62,6 +62,10 @@ def test_a_modality_lut_sequence_keeps_the_object_on_the_cpu() -> None:
 def test_the_device_format_spans_the_object_and_keeps_bits_stored() -> None:
     fmt = device_format(CT)
     assert (fmt.frames, fmt.samples, fmt.bits_allocated, fmt.bits_stored, fmt.signed) == (
-        3, 1, 16, 12, True,
-    )  # fmt: skip
+        3,
+        1,
+        16,
+        12,
+        True,
+    )
     assert device_format(TILE).samples == 3

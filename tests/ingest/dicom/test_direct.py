@@ -162,9 +162,11 @@ def mutated_headers(draw: st.DrawFn) -> bytes:
 
 
 @settings(
-    max_examples=1000, deadline=None, derandomize=True,
+    max_examples=1000,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)  # fmt: skip
+)
 @given(mutated_headers())
 def test_mutated_headers_read_the_same_both_ways(data: bytes) -> None:
     same_both_ways(data)

@@ -62,10 +62,12 @@ def frame(
     slope: str | None, intercept: str | None, implicit: bool, undefined: bool, with_pvt: bool = True
 ) -> bytes:
     content = element(
-        FRAME_CONTENT, b"SQ",
+        FRAME_CONTENT,
+        b"SQ",
         item(element(FRAME_NUMBER, b"UL", struct.pack("<I", 7), implicit), undefined),
-        implicit, undefined,
-    )  # fmt: skip
+        implicit,
+        undefined,
+    )
     if not with_pvt:
         return item(content, undefined)
     values = b""
@@ -156,9 +158,11 @@ def mutated_headers(draw: st.DrawFn) -> bytes:
 
 
 @settings(
-    max_examples=300, deadline=None, derandomize=True,
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)  # fmt: skip
+)
 @given(mutated_headers())
 def test_mutated_objects_read_the_same_with_and_without_the_walker(data: bytes) -> None:
     fast, slow = parse_both(data)

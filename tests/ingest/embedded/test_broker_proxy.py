@@ -37,9 +37,14 @@ pytestmark = pytest.mark.anyio
 
 def _batch(records: int, base_offset: int = 0) -> bytes:
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=0, producer_id=-1, producer_epoch=-1,
-        base_sequence=-1, batch_size=1 << 20,
-    )  # fmt: skip
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
     for n in range(records):
         builder.append(n, timestamp=None, key=None, value=b"v%d" % n, headers=[])
     data = bytearray(builder.build())

@@ -189,8 +189,10 @@ async def test_source_presigns_with_sigv4_that_the_server_verifies(stack: Stack)
     with SigV2 unless told), and a URL whose signature is altered is refused."""
     data = bytes(range(256)) * 4
     async with source_through(stack, FaultPlan(), data, "dir with space/é+x.dcm") as (
-        src, where, _
-    ):  # fmt: skip
+        src,
+        where,
+        _,
+    ):
         assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in where.url
         assert "AWSAccessKeyId=" not in where.url
         target = bytearray(PART)
@@ -292,8 +294,9 @@ async def test_source_gives_up_after_bounded_attempts(stack: Stack, case: str) -
     spec = GIVE_UP[case]
     data = b"\x5a" * (2 * PART)
     first = spec.method == "FIRST"  # the first GET (no If-Match) rather than a later range
-    plan = FaultPlan([Rule(spec.fault, "GET", range=r"^bytes=0-" if first else "^bytes=[1-9]",
-                           times=None)])  # fmt: skip
+    plan = FaultPlan(
+        [Rule(spec.fault, "GET", range=r"^bytes=0-" if first else "^bytes=[1-9]", times=None)]
+    )
     async with source_through(stack, plan, data) as (src, url, key):
 
         async def first_then_read() -> None:

@@ -156,9 +156,11 @@ def test_ranges_land_in_the_target_and_connections_are_reused(
     target = bytearray(4096)
     for start in (0, 4096, 12288):
         answer = get_into(
-            pool, f"{server}/obj?X-Amz-Signature=s", {"Range": f"bytes={start}-{start + 4095}"},
+            pool,
+            f"{server}/obj?X-Amz-Signature=s",
+            {"Range": f"bytes={start}-{start + 4095}"},
             memoryview(target),
-        )  # fmt: skip
+        )
         assert bytes(target) == DATA[start : start + 4096]
         assert (answer.status, answer.start, answer.total) == (206, start, len(DATA))
         assert (answer.etag, answer.version_id, answer.filled) == ("abc", "v1", 4096)
@@ -243,9 +245,12 @@ def test_an_abort_ends_a_body_read_in_progress(server: str, pool: ConnectionPool
     try:
         with pytest.raises(BodyCut) as caught:
             get_into(
-                pool, f"{server}/stall", {"Range": "bytes=0-"},
-                memoryview(bytearray(len(DATA))), transfer,
-            )  # fmt: skip
+                pool,
+                f"{server}/stall",
+                {"Range": "bytes=0-"},
+                memoryview(bytearray(len(DATA))),
+                transfer,
+            )
     finally:
         timer.join()
     assert caught.value.filled == 1024

@@ -123,8 +123,10 @@ def test_the_kubectl_commands() -> None:
             secret = yaml.safe_load(bash(f"{command} --dry-run=client -o yaml", ROOT))
             assert secret["kind"] == "Secret"
             assert set(secret["data"]) == {
-                "DICOM_INGEST_AUDIT_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-            }  # fmt: skip
+                "DICOM_INGEST_AUDIT_KEY",
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+            }
             key = base64.b64decode(secret["data"]["DICOM_INGEST_AUDIT_KEY"]).decode()
             assert len(base64.b64decode(key.strip(), validate=True)) == 32
         else:

@@ -348,10 +348,15 @@ class SupervisorProcess(WorkerProcess):
             self.started_at = time.monotonic()
             self.spawned_wall = time.time()
             self._popen = subprocess.Popen(
-                argv, cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,  # its own process group
+                argv,
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group
                 preexec_fn=chaos.die_with_parent,  # its children die with it in turn
-            )  # fmt: skip
+            )
         chaos.LIVE.add(self)
         return self
 

@@ -69,9 +69,13 @@ def through_the_plan(data: bytes, header: DicomHeader, part: int) -> np.ndarray:
         view = memoryview(data)[chunk.range.start : chunk.range.end]
         check_items(view, chunk)
         job = ChunkJob(
-            chunk.samples(view), header.pixel, header.transform(None, "float32"),
-            chunk.first_element, lambda: None, pitch=chunk.pitch,
-        )  # fmt: skip
+            chunk.samples(view),
+            header.pixel,
+            header.transform(None, "float32"),
+            chunk.first_element,
+            lambda: None,
+            pitch=chunk.pitch,
+        )
         assert job.sample_nbytes == chunk.elements * header.pixel.itemsize
         (result,) = CpuRunner().run([job])
         assert not isinstance(result, BaseException)
