@@ -11,9 +11,18 @@ from collections.abc import Iterator
 
 import pytest
 import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ingest.logs import configure_logging, key_digest
-from ingest.redact import RedactFilter, key_hash, redact_event, scrub_text, set_log_hash_key
+from ingest.redact import (
+    RedactFilter,
+    key_hash,
+    redact_event,
+    scrub_every_pattern,
+    scrub_text,
+    set_log_hash_key,
+)
 
 SIGNED = (
     "https://s3.example:9000/scans/Doe%5EJane/ct.dcm?X-Amz-Algorithm=AWS4-HMAC-SHA256"
@@ -157,3 +166,42 @@ def test_pydicoms_element_format_is_masked(line: str) -> None:
     element = pydicom.DataElement(0x00100020, "LO", "MRN-0042")
     for text in (str(element), repr(element)):  # as pydicom itself prints one
         assert "MRN-0042" not in scrub_text(f"cannot use {text}")
+
+
+# Fragments of what the patterns look for, so that generated texts hit them often
+_PIECES = st.sampled_from(
+    [
+        "Patient",
+        "ID",
+        "Name",
+        "(0010,0010)",
+        " LO: ",
+        "'Doe^John'",
+        "^",
+        "=",
+        ":",
+        "//",
+        "https://h/a/b",
+        "s3://b/k",
+        "X-Amz-Signature=",
+        "token",
+        "password",
+        "Authorization",
+        "AccessionNumber",
+        "sig=",
+        "a",
+        "0",
+        " ",
+        ",",
+        "'",
+        '"',
+        "-",
+        ".",
+        "PatientID",
+    ]
+)
+
+
+@given(st.lists(_PIECES | st.text(max_size=4), max_size=12).map("".join))
+def test_the_shortcut_never_changes_what_is_masked(text: str) -> None:
+    assert scrub_text(text) == scrub_every_pattern(text)
