@@ -4,8 +4,10 @@ pydicom reads a CT slice's header holding the lock that keeps its warning
 filters sane: a large share of a slice's CPU in the worker
 (``.venv/bin/python -m ingest.bench.diagnostics.header_cost`` measures it), and
 one parse at a time across its GET threads. Most headers are plain: a file meta
-with an uncompressed little-endian transfer syntax, then a data set whose image
-attributes are values in their dictionary VR. For those,
+with a little-endian transfer syntax, uncompressed or compressed, then a data set
+whose image attributes are values in their dictionary VR. Pixel Data that is
+decoded before the device gets its ``Codec`` as ``codec_read.codec_from_image``
+makes it from pydicom's reading (a palette is read by pydicom). For those,
 ``read_plain_header`` walks the elements (``walk``), converts the values
 the pipeline needs (``_WANTED``: the image's and its geometry's) as pydicom
 converts them, and gives them to the same checks
