@@ -66,8 +66,10 @@ def load_hook(spec: str) -> Hook:
         raise ConfigError(f"DICOM_INGEST_HOOK: expected 'module:callable', got {spec!r}")
     try:
         target = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"DICOM_INGEST_HOOK: cannot load {spec!r}: {exc}") from exc
+    except Exception as exc:  # whatever the user's module raises on import
+        raise ConfigError(
+            f"DICOM_INGEST_HOOK: cannot load {spec!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not callable(target):
         raise ConfigError(f"DICOM_INGEST_HOOK: {spec!r} is not callable")
     hook: Hook = target

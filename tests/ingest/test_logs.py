@@ -115,3 +115,108 @@ def test_a_later_test_logs_as_configured_now_not_as_an_earlier_main_left_it(
     stderr for the rest of the session; structlog's default prints INFO to stdout."""
     MODULE_LOG.info("heard at the default level")
     assert "heard at the default level" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------
+# One stream: every line a process writes to stderr is one JSON object
+
+OUTAGE_ENV = {
+    "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:1",  # nothing listens: a broker outage
+    "DICOM_INGEST_OUTPUT_URL": "s3://out/",
+    "DICOM_INGEST_AUDIT_KEY": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+    "DICOM_INGEST_LOG_FORMAT": "json",
+    "DICOM_INGEST_WORKER_ID": "w-logs",
+}
+
+
+def json_lines(stderr: str) -> list[dict[str, object]]:
+    """Every line of ``stderr`` as JSON; fails on the first line that is not."""
+    records = []
+    for line in stderr.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pytest.fail(f"not a JSON line: {line!r}\n{stderr}")
+    return records
+
+
+def environment(extra: dict[str, str]) -> dict[str, str]:
+    import os
+
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("DICOM_INGEST_")}, **extra}
+
+
+def test_a_supervised_crash_loop_under_a_broker_outage_logs_json_only() -> None:
+    """Children that cannot reach the broker exit 1 and are restarted; the supervisor's
+    lines, aiokafka's and each child's last line are all JSON, with the same fields."""
+    import signal
+    import subprocess
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ingest.cli", "worker", "--processes", "2"],
+        env=environment(OUTAGE_ENV),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    assert process.stderr is not None
+    for line in process.stderr:  # until a child has been restarted after its failure
+        seen.append(line)
+        if '"child started"' in line and '"restarts": 0' not in line:
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    process.send_signal(signal.SIGTERM)
+    _, rest = process.communicate(timeout=60)
+    stderr = "".join(seen) + rest
+    records = json_lines(stderr)
+    loggers = {str(r.get("logger")) for r in records}
+    assert {"aiokafka", "dicom_ingest.supervisor", "dicom_ingest.cli"} <= loggers, loggers
+    assert any(r["event"] == "child died; restarting" for r in records)
+    failed = [r for r in records if r["event"] == "worker failed"]
+    assert failed
+    assert all(str(r["error"]).startswith("consumer start (PLAINTEXT)") for r in failed)
+    for r in records:
+        assert r["service"] == "dicom-ingest", r
+        assert r["version"]
+        assert str(r["worker"]).startswith("w-logs"), r
+        assert r["level"] in ("info", "warning", "error", "critical"), r
+
+
+def test_an_uncaught_exception_and_a_warning_are_json_lines_with_the_traceback_as_a_field() -> None:
+    import subprocess
+
+    program = (
+        "import logging, threading, warnings\n"
+        "from ingest.logs import configure_logging, set_identity\n"
+        "configure_logging(json=True)\n"
+        "set_identity(worker='w-crash')\n"
+        "logging.getLogger('botocore.hooks').warning('a library line')\n"
+        "warnings.warn('a warning')\n"
+        "t = threading.Thread(target=lambda: 1 / 0)\n"
+        "t.start(); t.join()\n"
+        "raise RuntimeError('a bug')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        env=environment({}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    records = json_lines(done.stderr)
+    assert records[0]["event"] == "a library line"
+    assert [r["logger"] for r in records] == [
+        "botocore.hooks",
+        "py.warnings",
+        "dicom_ingest.uncaught",
+        "dicom_ingest.uncaught",
+    ]
+    thread, main_thread = records[2], records[3]
+    assert "ZeroDivisionError" in str(thread["exception"])
+    assert str(main_thread["exception"]).endswith("RuntimeError: a bug")
+    assert {r["worker"] for r in records} == {"w-crash"}
