@@ -45,7 +45,7 @@ from ingest.device.stage import DeviceStage
 from ingest.dicom.decoders import DecodePool
 from ingest.errors import IngestError, NotificationError, ProcessingError
 from ingest.fetch.ring import PinnedRing
-from ingest.fetch.s3 import S3Source
+from ingest.fetch.s3 import S3Source, translate_s3_error
 from ingest.hooks import enable_device_arrays, load_hook
 from ingest.logs import bind_object, key_digest
 from ingest.ops.health import Health, probe, serving
@@ -393,7 +393,12 @@ class Worker:
 
     async def _check_s3(self) -> None:
         assert self._ctx is not None
-        await self._ctx.source.client.head_bucket(Bucket=self.settings.output_bucket)
+        bucket = self.settings.output_bucket
+        try:
+            await self._ctx.source.client.head_bucket(Bucket=bucket)
+        except Exception as exc:  # named: a wrong secret (403) is not a missing bucket (404)
+            endpoint = self.settings.s3_endpoint_url or "AWS S3"
+            raise translate_s3_error(exc, f"HeadBucket {bucket!r} at {endpoint}") from exc
 
 
 def internal_error(exc: BaseException) -> ProcessingError:

@@ -22,6 +22,7 @@ import anyio
 import structlog
 from aiohttp import web
 
+from ingest.errors import IngestError
 from ingest.ops.metrics import metrics_endpoint
 
 log = structlog.get_logger("dicom_ingest.health")
@@ -97,7 +98,7 @@ async def probe(
                 with anyio.fail_after(PROBE_INTERVAL_S * 2):
                     await check()
             except Exception as exc:
-                error = f"{type(exc).__name__}"
+                error = describe(exc)
                 if getattr(health, f"{name}_error") is None:
                     log.warning("dependency unreachable", dependency=name, error=error)
                 setattr(health, f"{name}_error", error)
@@ -107,6 +108,18 @@ async def probe(
                 setattr(health, f"{name}_error", None)
                 setattr(health, f"{name}_ok", time.monotonic())
         await anyio.sleep(PROBE_INTERVAL_S)
+
+
+def describe(exc: BaseException) -> str:
+    """A failed check in words: our errors' messages name the server, the resource and
+    the code (``HeadBucket 'out' at https://s3...: access denied (403)``); a check that
+    hung says so; anything else is its type and message."""
+    if isinstance(exc, IngestError):
+        return str(exc)
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {PROBE_INTERVAL_S * 2:g} s"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @asynccontextmanager

@@ -6,6 +6,7 @@ import anyio
 import pytest
 from aiohttp import ClientSession
 
+from ingest.embedded.stack import Stack
 from ingest.ops.health import STALE_AFTER_S, Health, serving
 
 
@@ -41,3 +42,54 @@ async def test_endpoints_answer_200_and_503() -> None:
             assert resp.status == 200
     with pytest.raises(OSError, match="connection attempts failed"):  # the port is closed
         await anyio.connect_tcp("127.0.0.1", port)
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+async def test_s3_failures_are_named_by_code_bucket_and_endpoint(stack: Stack) -> None:
+    """The readiness probe's S3 check against the real server: a missing bucket and a
+    wrong secret read differently, each with the bucket and the endpoint."""
+    from aiobotocore.session import get_session
+
+    from ingest.fetch.s3 import translate_s3_error
+    from ingest.ops.health import describe
+
+    creds = stack.endpoints.credentials
+    where = f"HeadBucket 'nowhere' at {stack.s3.endpoint_url}"
+
+    async def failure(secret: str, bucket: str, operation: str = "head_bucket") -> str:
+        client = get_session().create_client(
+            "s3",
+            endpoint_url=stack.s3.endpoint_url,
+            aws_access_key_id=creds.access_key,
+            aws_secret_access_key=secret,
+            region_name=creds.region,
+        )
+        async with client as s3:
+            try:
+                if operation == "head_bucket":
+                    await s3.head_bucket(Bucket=bucket)
+                else:
+                    await s3.get_object(Bucket=bucket, Key="k")
+            except Exception as exc:
+                return describe(translate_s3_error(exc, where))
+        raise AssertionError("the call succeeded")
+
+    assert await failure(creds.secret_key, "nowhere") == f"{where}: not found (404)"
+    assert await failure("wrong" + creds.secret_key, "nowhere") == f"{where}: access denied (403)"
+    assert await failure("wrong" + creds.secret_key, "nowhere", "get_object") == (
+        f"{where}: access denied (SignatureDoesNotMatch: the secret key does not match the "
+        "access key)"
+    )
+
+
+def test_a_check_that_hangs_or_fails_is_described() -> None:
+    from ingest.errors import ObjectNotFound
+    from ingest.ops.health import describe
+
+    assert describe(TimeoutError()) == "no answer within 4 s"
+    assert describe(ObjectNotFound("HeadBucket 'b' at x: not found (404)")).startswith("HeadB")
+    assert (
+        describe(ConnectionRefusedError(111, "refused"))
+        == "ConnectionRefusedError: [Errno 111] refused"
+    )
