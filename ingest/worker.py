@@ -165,6 +165,7 @@ class Worker:
             # The device's set-up and the ring's (pinned) memory come on the device
             # thread while the clients start here.
             thread = DeviceThread(s.device)
+            self.health.device_busy_s, self.health.device_stall_s = thread.busy_s, s.device_stall_s
             ready = asyncio.wrap_future(thread.launch())
             stack.push_async_callback(anyio.to_thread.run_sync, thread.close)  # idempotent
             memory = asyncio.wrap_future(thread.alloc_host_soon(s.slot_size * s.ring_slots))

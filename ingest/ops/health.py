@@ -1,6 +1,9 @@
 """Health: what the worker knows of itself and its servers, as ``/healthz`` and ``/readyz``.
 
-``/healthz`` answers 200 while the process runs its event loop (liveness).
+``/healthz`` answers 200 while the process runs its event loop and its device
+thread is not stuck: a work item (a batch, an allocation) that has run on the
+device thread for ``DEVICE_STALL_S`` makes it 503, so Kubernetes restarts a
+worker whose GPU call hung, which the event loop alone would never show.
 ``/readyz`` answers 200 only when the consumer is in its group and polling,
 the broker answered recently and S3 answered recently; otherwise 503 with the
 reasons, as JSON either way. A probe task checks the broker (metadata request)
@@ -44,6 +47,15 @@ class Health:
     s3_ok: float | None = None
     s3_error: str | None = None
     stopping: bool = False
+    device_busy_s: Callable[[], float] | None = None  # DeviceThread.busy_s, once it runs
+    device_stall_s: float = 300.0
+
+    def liveness_problems(self) -> list[str]:
+        """Why the worker should be restarted (empty while it is alive and moving)."""
+        busy = self.device_busy_s() if self.device_busy_s is not None else 0.0
+        if busy >= self.device_stall_s:
+            return [f"device thread stuck in one work item for {busy:.0f} s"]
+        return []
 
     def polled(self, assigned: int) -> None:
         """The consumer polled. This says nothing about the broker: aiokafka's
@@ -132,7 +144,10 @@ async def serving(health: Health, host: str, port: int) -> AsyncIterator[int]:
     """
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"alive": True})
+        problems = health.liveness_problems()
+        return web.json_response(
+            {"alive": not problems, "problems": problems}, status=503 if problems else 200
+        )
 
     async def readyz(_: web.Request) -> web.Response:
         snapshot = health.snapshot()

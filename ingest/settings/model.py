@@ -196,6 +196,14 @@ class Settings:
         ),
     )
     health_host: str = tuning("0.0.0.0", TEXT, "address the health endpoints bind")
+    device_stall_s: float = tuning(
+        300.0,
+        number(1.0, 86_400.0),
+        (
+            "`/healthz` answers 503 (the liveness probe restarts the worker) once one work item"
+            " has run this long on the device thread: a hung GPU call"
+        ),
+    )
     log_format: LogFormat = tuning(
         "auto",
         one_of(LogFormat),

@@ -189,7 +189,9 @@ def test_dashboard_and_provisioning_name_only_what_exists(config: dict[str, Any]
     dashboard = json.loads((COMPOSE / "grafana/dashboards/dicom-ingest.json").read_text())
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     exprs = [t["expr"] for p in panels for t in p["targets"]]
-    assert all(t["datasource"]["uid"] == source["uid"] for p in panels for t in p["targets"])
+    assert all(t["datasource"]["uid"] == "${datasource}" for p in panels for t in p["targets"])
+    (choice,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
+    assert choice["current"]["value"] == source["uid"]  # the provisioned one, by default
     used = {n for e in exprs for n in re.findall(r"\bdicom_ingest_[a-z_]+\b", e)}
     assert used <= exported_names(), used - exported_names()
     # the issue's list: throughput, stage latencies, ring, retries, dead letters, lag, GPU
@@ -202,3 +204,26 @@ def test_dashboard_and_provisioning_name_only_what_exists(config: dict[str, Any]
         "dicom_ingest_gpu_utilization_ratio", "dicom_ingest_gpu_memory_used_bytes",
     ):  # fmt: skip
         assert name in used, name
+
+
+def test_dashboard_has_variables_and_rate_intervals_on_every_query() -> None:
+    """Two deployments on one Prometheus stay apart (namespace and job variables on every
+    selector of the worker's families), the data source is a choice, and no rate window
+    is fixed: ``$__rate_interval`` follows the scrape interval."""
+    dashboard = json.loads((COMPOSE / "grafana/dashboards/dicom-ingest.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "job"):
+        assert variables[name]["type"] == "query"
+        assert "dicom_ingest_build_info" in variables[name]["definition"]
+        assert variables[name]["includeAll"]
+        assert variables[name]["multi"]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert exprs
+    for expr in exprs:
+        assert not re.search(r"\[\d+[smh]\]", expr), expr  # no fixed window
+        for selector in re.findall(r"\b(?:dicom_ingest|process)_[a-z_]+(\{[^}]*\})?", expr):
+            assert 'namespace=~"$namespace"' in selector, expr
+            assert 'job=~"$job"' in selector, expr
+    assert any("[$__rate_interval]" in e for e in exprs)

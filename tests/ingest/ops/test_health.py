@@ -93,3 +93,44 @@ def test_a_check_that_hangs_or_fails_is_described() -> None:
         describe(ConnectionRefusedError(111, "refused"))
         == "ConnectionRefusedError: [Errno 111] refused"
     )
+
+
+@pytest.mark.anyio
+async def test_liveness_fails_while_the_device_thread_is_stuck_in_one_batch() -> None:
+    """A real device thread (CPU backend) held inside a batch: ``/healthz`` turns 503 once
+    the batch has run for the stall limit, names it, and is 200 again when it ends."""
+    import threading
+
+    from gpu.formats import PixelFormat, Transform
+    from gpu.jobs import ChunkJob
+    from gpu.thread import DeviceThread
+
+    fmt = PixelFormat(8, 8, 1, 1, 16, 12, True, False)
+    release = threading.Event()
+
+    def held() -> None:  # the job's slot release, on the device thread: it waits
+        release.wait()
+
+    job = ChunkJob(memoryview(bytes(fmt.total_bytes)), fmt, Transform(), 0, held)
+    with DeviceThread("cpu") as device:
+        h = Health(device_busy_s=device.busy_s, device_stall_s=0.3)
+        async with serving(h, "127.0.0.1", 0) as port, ClientSession() as http:
+
+            async def alive() -> tuple[int, dict[str, object]]:
+                async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                    return resp.status, await resp.json()
+
+            assert await alive() == (200, {"alive": True, "problems": []})
+            done = device.submit([job])
+            for _ in range(200):  # polled as a kubelet does, for up to 10 s
+                answer = await alive()
+                if answer[0] != 200:
+                    break
+                await anyio.sleep(0.05)
+            assert answer[1]["alive"] is False
+            assert str(answer[1]["problems"]).startswith("['device thread stuck in one work item")
+            assert device.busy_s() >= 0.3
+            release.set()
+            done.result(timeout=10)
+            assert await alive() == (200, {"alive": True, "problems": []})
+            assert device.busy_s() == 0.0
