@@ -56,6 +56,10 @@ class _DeviceThread(Protocol):
     def busy_s(self) -> float: ...
 
 
+class _Health(Protocol):
+    def problems(self, now: float | None = None) -> list[str]: ...
+
+
 class _Settings(Protocol):
     @property
     def worker_id(self) -> str: ...
@@ -72,6 +76,8 @@ class _Worker(Protocol):
     def _commits(self) -> Commits: ...
     @property
     def _consumer(self) -> Any: ...
+    @property
+    def health(self) -> _Health: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,7 @@ class _Watched:
     consumer: Any
     ring: PinnedRing
     thread: _DeviceThread
+    health: _Health
 
 
 class WorkerCollector(Collector):
@@ -152,6 +159,9 @@ class _Families:
         self.skipped = counter("skipped_events", "Notification records that were not creations")
         self.duplicates = counter("duplicates", "Repeated notifications of a known object")
         self.commits = counter("commits", "Offset commits the broker acknowledged")
+        self.ready = gauge(
+            "ready", "1 while /readyz answers 200: in the group, polling, broker and S3 answering"
+        )
         self.device_busy = gauge(
             "device_busy_seconds",
             "How long the device thread's current work item has run (0: waiting for work)",
@@ -177,8 +187,9 @@ class _Families:
         # by name: families are not hashable
         totals: dict[str, tuple[GaugeMetricFamily | CounterMetricFamily, float]] = {}
         device: dict[str, float] = dict.fromkeys(DEVICE_FAMILIES, 0)
-        busy = 0.0
+        busy, ready = 0.0, 1
         for w in watched:
+            ready = min(ready, 0 if w.health.problems() else 1)
             self.build_info.add_metric(build_labels(w.worker), 1)
             ring = w.ring.stats()
             for family, value in (
@@ -201,6 +212,7 @@ class _Families:
         for summed, total in totals.values():
             summed.add_metric([], total)
         self.device_busy.add_metric([], busy)
+        self.ready.add_metric([], ready)
         for name, count in device.items():
             if name not in self.device:  # a counter gpu/ added since: exported as it is
                 self.device[name] = CounterMetricFamily(
@@ -283,7 +295,13 @@ def watching(worker: _Worker, ring: PinnedRing, thread: _DeviceThread) -> Iterat
     (its consumer and commits exist by then)."""
     precreate_series()
     watched = _Watched(
-        worker.settings.worker_id, worker.stats, worker._commits, worker._consumer, ring, thread
+        worker.settings.worker_id,
+        worker.stats,
+        worker._commits,
+        worker._consumer,
+        ring,
+        thread,
+        worker.health,
     )
     WORKERS.watched.append(watched)
     try:

@@ -174,6 +174,7 @@ async def test_metrics_count_objects_bytes_stages_and_offsets(
     assert value(after, "dicom_ingest_device_batches_total") >= 1
     assert value(after, "dicom_ingest_device_failed_jobs_total") == 0
     assert value(after, "dicom_ingest_device_busy_seconds") >= 0
+    assert after[("dicom_ingest_ready", frozenset())] in (0.0, 1.0)  # what /readyz says
     assert value(after, "process_cpu_seconds_total") > 0  # CPU utilisation, per process
     (build,) = [labels for name, labels in after if name == "dicom_ingest_build_info"]
     assert dict(build)["worker"] == settings.worker_id

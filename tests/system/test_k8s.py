@@ -1,10 +1,13 @@
 """``compose/k8s/`` validates offline and agrees with the worker's settings.
 
-Core kinds are checked by ``kubernetes-validate`` (Kubernetes' own JSON schemas,
-shipped in its PyPI package, strict: unknown fields are errors); the two custom
-resources (KEDA's ScaledObject, the Prometheus Operator's ServiceMonitor)
-against the schemas in ``compose/k8s/schemas/`` (subsets of their CRDs; that
-folder's README says what they leave out).
+The manifests are what ``kubectl apply -k compose/k8s`` sends (``kubectl
+kustomize``: the settings' ConfigMap is generated from ``worker.env`` with a hash
+in its name), with and without the ``secure-kafka`` component. Core kinds are
+checked by ``kubernetes-validate`` (Kubernetes' own JSON schemas, shipped in its
+PyPI package, strict: unknown fields are errors); the custom resources (KEDA's
+ScaledObject and TriggerAuthentication, the Prometheus Operator's ServiceMonitor
+and PrometheusRule) against the schemas in ``compose/k8s/schemas/`` (subsets of
+their CRDs; that folder's README says what they leave out).
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -26,19 +34,55 @@ K8S = ROOT / "compose" / "k8s"
 KUBERNETES = "1.31"  # a release still supported by the clouds' managed Kubernetes
 CUSTOM = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda.sh-v1alpha1.json",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): "triggerauthentication-keda.sh-v1alpha1.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
 }
+SECURE_LINE = "# components: [secure-kafka]"
+
+
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    """What ``kubectl apply -k folder`` would send (``kubectl kustomize``)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        message = "kubectl not installed (the runbook's checks need it too)"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # CI must validate: never a silent pass
+        pytest.skip(message)
+    done = subprocess.run(
+        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        assert doc["kind"] not in found, doc["kind"]
+        found[doc["kind"]] = doc
+    return found
 
 
 def manifests() -> dict[str, dict[str, Any]]:
-    """kind -> the manifest (one of each kind here), kustomization.yaml aside."""
-    found: dict[str, dict[str, Any]] = {}
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name != "kustomization.yaml":
-            for doc in yaml.safe_load_all(path.read_text()):
-                assert doc["kind"] not in found, doc["kind"]
-                found[doc["kind"]] = doc
-    return found
+    """kind -> the manifest as ``kubectl apply -k compose/k8s`` sends it (one of each kind),
+    and the Secret whose form secret.example.yaml gives."""
+    docs = kustomize(K8S)
+    docs += list(yaml.safe_load_all((K8S / "secret.example.yaml").read_text()))
+    return by_kind(docs)
+
+
+def secure(tmp: Path) -> dict[str, dict[str, Any]]:
+    """The manifests with the secure-kafka component on, as an operator turns it on."""
+    copy_of = tmp / "k8s"
+    shutil.copytree(K8S, copy_of)
+    kustomization = copy_of / "kustomization.yaml"
+    text = kustomization.read_text()
+    assert SECURE_LINE in text
+    kustomization.write_text(text.replace(SECURE_LINE, SECURE_LINE.removeprefix("# ")))
+    docs = kustomize(copy_of)
+    docs += list(yaml.safe_load_all((K8S / "secure-kafka" / "secret.example.yaml").read_text()))
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
 
 
 def validate(doc: dict[str, Any]) -> None:
@@ -52,11 +96,25 @@ def validate(doc: dict[str, Any]) -> None:
     jsonschema.Draft202012Validator(schema).validate(doc)
 
 
-@pytest.mark.parametrize(
-    "kind", ["ConfigMap", "Secret", "Deployment", "Service", "ServiceMonitor", "ScaledObject"]
-)
+KINDS = [
+    "ConfigMap",
+    "Secret",
+    "Deployment",
+    "Service",
+    "ServiceMonitor",
+    "ScaledObject",
+    "PodDisruptionBudget",
+    "PrometheusRule",
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_manifest_validates(kind: str) -> None:
     validate(manifests()[kind])
+
+
+def test_every_manifest_is_one_of_those_validated() -> None:
+    assert sorted(manifests()) == sorted(KINDS)
 
 
 def test_the_validators_refuse_broken_manifests() -> None:
@@ -67,6 +125,9 @@ def test_the_validators_refuse_broken_manifests() -> None:
         ("ScaledObject", ("spec", "maxReplicaCount"), 0),
         ("ScaledObject", ("spec", "triggers", 0, "metadata", "lagThreshold"), 200),
         ("ServiceMonitor", ("spec", "endpoints", 0, "interval"), "15 seconds"),
+        ("PrometheusRule", ("spec", "groups", 0, "rules", 0, "for"), "five minutes"),
+        ("PrometheusRule", ("spec", "groups", 0, "rules", 0, "severity"), "critical"),
+        ("PodDisruptionBudget", ("spec", "maxUnavailable"), [1]),
     ):
         doc = copy.deepcopy(docs[kind])
         parent: Any = doc
@@ -127,3 +188,115 @@ def test_manifests_agree_with_the_worker() -> None:
     assert meta["topic"] == settings.source_topic
     assert meta["allowIdleConsumers"] == "false"
     assert scaled["maxReplicaCount"] <= 6  # the source topic's partitions (compose/kafka-init)
+
+
+def test_a_settings_edit_rolls_the_pods(tmp_path: Path) -> None:
+    """The ConfigMap's name carries a hash of worker.env and the pod template names it, so
+    an edit there changes the template: the next ``kubectl apply -k`` rolls the pods."""
+    before = manifests()
+    copy_of = tmp_path / "k8s"
+    shutil.copytree(K8S, copy_of)
+    env = copy_of / "worker.env"
+    env.write_text(env.read_text().replace("SHUTDOWN_DEADLINE_S=30", "SHUTDOWN_DEADLINE_S=20"))
+    after = by_kind(kustomize(copy_of))
+
+    def config_ref(docs: dict[str, dict[str, Any]]) -> str:
+        (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+        name: str = container["envFrom"][0]["configMapRef"]["name"]
+        assert name == docs["ConfigMap"]["metadata"]["name"]
+        return name
+
+    assert re.fullmatch(r"dicom-ingest-[a-z0-9]{10}", config_ref(before))
+    assert config_ref(after) != config_ref(before)
+    assert after["ConfigMap"]["data"]["DICOM_INGEST_SHUTDOWN_DEADLINE_S"] == "20"
+
+
+def test_the_disruption_budget_covers_the_workers_one_at_a_time() -> None:
+    docs = manifests()
+    pdb = docs["PodDisruptionBudget"]["spec"]
+    labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert pdb["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["maxUnavailable"] == 1
+
+
+def test_secure_kafka_gives_keda_and_the_worker_the_same_login(tmp_path: Path) -> None:
+    """With the secure-kafka component, KEDA's scaler authenticates through a
+    TriggerAuthentication to the secret the worker logs in with; every manifest validates
+    and the settings load as the worker's."""
+    docs = secure(tmp_path)
+    for doc in docs.values():
+        validate(doc)
+    auth = docs["TriggerAuthentication/dicom-ingest-kafka"]
+    secret = docs["Secret/dicom-ingest-kafka"]
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    assert set(refs) == {"sasl", "username", "password", "tls", "ca"}
+    assert {name for name, _ in refs.values()} == {secret["metadata"]["name"]}
+    assert {key for _, key in refs.values()} <= set(secret["stringData"])
+    assert secret["stringData"]["sasl"] == "scram_sha512"
+    assert secret["stringData"]["tls"] == "enable"
+    (trigger,) = docs["ScaledObject/dicom-ingest"]["spec"]["triggers"]
+    assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+
+    deployment = docs["Deployment/dicom-ingest"]["spec"]["template"]["spec"]
+    (container,) = deployment["containers"]
+    from_secret = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert from_secret["DICOM_INGEST_KAFKA_SASL_USERNAME"] == {
+        "name": "dicom-ingest-kafka",
+        "key": "username",
+    }
+    assert from_secret["DICOM_INGEST_KAFKA_SASL_PASSWORD"]["key"] == "password"
+    (config,) = [d for k, d in docs.items() if k.startswith("ConfigMap/")]
+    env = dict(config["data"])
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "kafka-tls"]
+    cafile = Path(env["DICOM_INGEST_KAFKA_SSL_CAFILE"])
+    assert cafile.parent == Path(mount["mountPath"])
+    (volume,) = [v for v in deployment["volumes"] if v["name"] == "kafka-tls"]
+    assert volume["secret"]["items"] == [{"key": refs["ca"][1], "path": cafile.name}]
+    stand_in = tmp_path / cafile.name  # the mounted file, here
+    stand_in.write_text(secret["stringData"]["ca.crt"])
+    env |= {
+        "DICOM_INGEST_KAFKA_SSL_CAFILE": str(stand_in),
+        "DICOM_INGEST_KAFKA_SASL_USERNAME": "u",
+        "DICOM_INGEST_KAFKA_SASL_PASSWORD": "p",
+        "DICOM_INGEST_AUDIT_KEY": base64.b64encode(bytes(32)).decode(),
+    }
+    settings = load_settings({k: v for k, v in env.items() if k.startswith("DICOM_INGEST_")})
+    assert settings.kafka_security_protocol == "SASL_SSL"
+    keda_names = {"SCRAM-SHA-512": "scram_sha512", "SCRAM-SHA-256": "scram_sha256"}
+    assert keda_names[settings.kafka_sasl_mechanism] == secret["stringData"]["sasl"]
+
+
+def test_alert_rules_are_one_set_and_name_only_what_the_worker_exports() -> None:
+    """compose/prometheus/alerts.yml (Prometheus) and the PrometheusRule (the Operator) hold
+    the same groups; every rule names metrics the worker exports, has a severity and a
+    summary, and the alerts the operating guide lists are there."""
+    from ingest.ops.metrics import exported_names
+
+    compose_rules = yaml.safe_load((ROOT / "compose/prometheus/alerts.yml").read_text())
+    operator_rules = manifests()["PrometheusRule"]["spec"]
+    assert compose_rules == operator_rules
+    prometheus = yaml.safe_load((ROOT / "compose/prometheus/prometheus.yml").read_text())
+    assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    compose_file = (ROOT / "compose/docker-compose.yml").read_text()
+    assert "./prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in compose_file
+    rules = [r for group in compose_rules["groups"] for r in group["rules"]]
+    exported = exported_names() | {"up"}
+    for rule in rules:
+        named = set(re.findall(r"\b(dicom_ingest_[a-z_]+|up)\b(?=\s*[{\[)]|\s*==)", rule["expr"]))
+        assert named, rule
+        assert named <= exported, named - exported
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"]
+        assert rule["expr"].count("(") == rule["expr"].count(")")
+    assert {r["alert"] for r in rules} == {
+        "DicomIngestWorkerDown",
+        "DicomIngestNotReady",
+        "DicomIngestConsumerLagGrowing",
+        "DicomIngestCommitStalled",
+        "DicomIngestDeadLetters",
+        "DicomIngestDeviceThreadStalled",
+    }
