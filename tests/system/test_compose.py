@@ -227,3 +227,41 @@ def test_dashboard_has_variables_and_rate_intervals_on_every_query() -> None:
             assert 'namespace=~"$namespace"' in selector, expr
             assert 'job=~"$job"' in selector, expr
     assert any("[$__rate_interval]" in e for e in exprs)
+
+
+def pinned(image: str) -> bool:
+    """An image reference with a version tag or a digest, neither ``latest`` nor absent."""
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")
+
+
+def test_every_image_is_pinned_to_a_version() -> None:
+    """compose/ and compose/k8s/ pull only tagged versions (a floating ``latest`` changed
+    under MinIO's users, then vanished); the base images of the Dockerfile too."""
+    assert not pinned("minio/minio:latest")
+    assert not pinned("minio/minio")
+    assert not pinned("localhost:5000/minio")  # a registry port is no tag
+    assert pinned("quay.io/minio/minio:RELEASE.2025-09-07T16-13-09Z")
+    assert pinned("grafana/grafana@sha256:" + "0" * 64)
+    compose_file = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    images = [service["image"] for service in compose_file["services"].values()]
+    manifests = [
+        doc
+        for path in sorted((COMPOSE / "k8s").rglob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+    images += [
+        container["image"]
+        for doc in manifests
+        if doc.get("kind") == "Deployment" and "containers" in doc["spec"]["template"]["spec"]
+        for container in doc["spec"]["template"]["spec"]["containers"]
+        if "image" in container  # a patch's container names no image
+    ]
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    images += re.findall(r"^ARG \w+_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
+    assert len(images) >= 10
+    assert [image for image in images if not pinned(image)] == []
+    assert not any(image.startswith(("minio/", "docker.io/minio/")) for image in images)
