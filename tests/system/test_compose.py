@@ -169,7 +169,13 @@ def test_gpu_profile_is_the_worker_with_cuda_and_a_gpu(config: dict[str, Any]) -
     stages = set(re.findall(r"^FROM \S+ AS (\w+)$", dockerfile, re.MULTILINE))
     assert {cpu["build"]["target"], gpu["build"]["target"]} == stages == {"cpu", "gpu"}
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:\S+-runtime-", dockerfile, re.MULTILINE)
-    assert 'pip install ".[cuda]"' in dockerfile
+    installs = re.findall(
+        r'^RUN pip install -c constraints\.txt "\.\[\$\{(\w+)\}\]"', dockerfile, re.M
+    )
+    assert installs == ["CPU_EXTRAS", "GPU_EXTRAS"]  # both pinned by the constraints file
+    assert re.search(r"^ARG GPU_EXTRAS=cuda13,gpl$", dockerfile, re.MULTILINE)
+    assert re.search(r"^ARG CPU_EXTRAS=gpl$", dockerfile, re.MULTILINE)
+    assert dockerfile.count("COPY pyproject.toml README.md LICENSE constraints.txt ./") == 2
 
 
 def test_dashboard_and_provisioning_name_only_what_exists(config: dict[str, Any]) -> None:
