@@ -135,3 +135,98 @@ async def test_client_and_data_connections_go_through_the_proxy_unless_exempt(
         await source.read_first(where, memoryview(bytearray(len(data))))
         await source.client.head_bucket(Bucket=names.source_bucket)
     assert http_proxy.forwarded_to(s3_port) == before  # exempt: straight to S3
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that is its own CA, and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert, private = folder / "server.pem", folder / "server.key"
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert, private
+
+
+def test_an_https_endpoint_is_reached_through_a_connect_tunnel(
+    http_proxy: HttpProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The data path's https GET goes through the proxy as a CONNECT tunnel, with TLS to
+    the server inside it (the certificate is checked against the server's name, not the
+    proxy's), and straight to the server when NO_PROXY names it."""
+    import http.server
+    import threading
+
+    from ingest.fetch.threaded_http import get_into
+
+    body = bytes(range(256)) * 16
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("ETag", '"e1"')
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    cert, key = self_signed(tmp_path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving.load_cert_chain(cert, key)
+    server.socket = serving.wrap_socket(server.socket, server_side=True)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "https_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTPS_PROXY", http_proxy.url)
+        trusting = ssl.create_default_context(cafile=str(cert))
+        for exempt, through in ((False, 1), (True, 0)):
+            if exempt:
+                monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+            before = http_proxy.forwarded_to(port)
+            pool = ConnectionPool(5.0, 5.0, trusting)
+            try:
+                target = bytearray(len(body))
+                answer = get_into(pool, f"https://127.0.0.1:{port}/obj", {}, memoryview(target))
+            finally:
+                pool.close()
+            assert (answer.status, answer.filled, bytes(target)) == (200, len(body), body)
+            assert http_proxy.forwarded_to(port) - before == through
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
