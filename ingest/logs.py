@@ -8,6 +8,12 @@ Each carries ``timestamp``, ``level``, ``event``, ``logger`` (the logger's name:
 the settings are read, ``worker`` (``set_identity``); a traceback is the field
 ``exception``, never lines of its own.
 
+A library that logs the same line over and over (aiokafka logs each failed
+reconnect, over a thousand lines a second while a broker is down) is thinned:
+a standard library line repeated within ``REPEAT_WINDOW_S`` is dropped, and the
+next one let through says how many were (``repeated``). Our own lines are never
+dropped.
+
 Each line goes out in one ``write`` (structlog's ``WriteLogger``, and the
 standard library's ``StreamHandler``, which writes message and newline
 together): supervised children share the parent's stderr, and two lines
@@ -84,6 +90,39 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
     """The root handler ``configure_logging`` installs (replaced, never stacked)."""
 
 
+REPEAT_WINDOW_S = 10.0
+_REPEAT_KEYS = 4096  # distinct lines remembered; past it the memory starts again
+
+
+class RepeatFilter(logging.Filter):
+    """Drop a library's line (same logger, level and call site) that came less
+    than ``REPEAT_WINDOW_S`` after the last one let through; the next one let through
+    carries the count dropped as ``record.repeated``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("dicom_ingest"):
+            return True
+        # The call site stands for the template: another handler's RedactFilter may have
+        # formatted ``msg`` in place already.
+        key = (record.name, record.levelno, f"{record.pathname}:{record.lineno}")
+        with self._lock:
+            shown, dropped = self._seen.get(key, (-REPEAT_WINDOW_S, 0))
+            if record.created - shown < REPEAT_WINDOW_S:
+                self._seen[key] = (shown, dropped + 1)
+                return False
+            if len(self._seen) >= _REPEAT_KEYS:
+                self._seen.clear()
+            self._seen[key] = (record.created, 0)
+        if dropped:
+            record.repeated = dropped
+        return True
+
+
 _STDERR = _CurrentStderr()
 _IDENTITY: dict[str, str] = {"service": SERVICE, "version": package_version()}
 
@@ -116,14 +155,18 @@ def _add_logger_name(
     return event
 
 
-def _foreign_exception(
+def _foreign_fields(
     _logger: Any, _method: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
     """A standard library record's traceback, already scrubbed by ``RedactFilter`` into
-    ``exc_text``, as the ``exception`` field."""
+    ``exc_text``, as the ``exception`` field; the lines ``RepeatFilter`` dropped before
+    it as ``repeated``."""
     record = event.get("_record")
     if record is not None and record.exc_text:
         event["exception"] = record.exc_text
+    repeated = None if record is None else getattr(record, "repeated", None)
+    if repeated:
+        event["repeated"] = repeated
     return event
 
 
@@ -160,7 +203,7 @@ def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
     handler = _Handler(_STDERR)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[*shared, _foreign_exception],
+            foreign_pre_chain=[*shared, _foreign_fields],
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 redact_event,
@@ -168,6 +211,8 @@ def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
             ],
         )
     )
+    handler.addFilter(RepeatFilter())
+    handler.addFilter(RedactFilter())
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _Handler)]:
         root.removeHandler(old)
