@@ -256,7 +256,8 @@ def _kernel(device_index: int) -> LoadedKernel:
         import cupy
     except ImportError as exc:
         raise RuntimeError(
-            f"no kernel ships for sm_{context.compute_capability} and CuPy, which would "
+            f"no kernel ships for sm_{context.compute_capability} that this driver loads, "
+            "and CuPy, which would "
             "compile one with NVRTC, is not installed (pip install 'dicom-ingest[cuda13]', "
             "or [cuda12] on a CUDA 12 host)"
         ) from exc
