@@ -341,3 +341,16 @@ def test_the_secure_kafka_component_validates_without_kubectl() -> None:
         "components", []
     )
     assert SECURE_LINE in (K8S / "kustomization.yaml").read_text()
+
+
+def test_the_settings_are_generated_with_a_hash_suffix_without_kubectl() -> None:
+    """Where kubectl is missing, what makes the roll: the ConfigMap comes from kustomize's
+    generator (named with a hash of its contents unless told not to), and the Deployment
+    refers to it by the generator's name, which kustomize rewrites to the hashed one."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    (generated,) = kustomization["configMapGenerator"]
+    assert not kustomization.get("generatorOptions", {}).get("disableNameSuffixHash", False)
+    assert not generated.get("options", {}).get("disableNameSuffixHash", False)
+    assert "configmap.yaml" not in kustomization["resources"]
+    (container,) = manifests()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["envFrom"][0]["configMapRef"]["name"] == generated["name"]
