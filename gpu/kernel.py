@@ -266,14 +266,22 @@ def _kernel(device_index: int) -> LoadedKernel:
     context = driver.primary_context(device_index)
     cubin = shipped_cubin(context.compute_capability)
     if cubin is not None:
-        module = driver.Module(cubin, KERNEL_NAME)
-        return LoadedKernel(module.function, "shipped", module)
+        try:
+            module = driver.Module(cubin, KERNEL_NAME)
+        except driver.CudaError:
+            # A driver older than the toolkit that built the cubin (a CUDA 12 host and
+            # a CUDA 13 build) refuses the image: compile for it as for any other GPU.
+            pass
+        else:
+            return LoadedKernel(module.function, "shipped", module)
     try:
         import cupy
     except ImportError as exc:
         raise RuntimeError(
-            f"no kernel ships for sm_{context.compute_capability} and CuPy, which would "
-            "compile one with NVRTC, is not installed (pip install 'dicom-ingest[cuda]')"
+            f"no kernel ships for sm_{context.compute_capability} that this driver loads, "
+            "and CuPy, which would "
+            "compile one with NVRTC, is not installed (pip install 'dicom-ingest[cuda13]', "
+            "or [cuda12] on a CUDA 12 host)"
         ) from exc
     with cupy.cuda.Device(device_index):
         raw = cupy.RawKernel(SOURCE, KERNEL_NAME)

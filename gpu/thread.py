@@ -19,6 +19,7 @@ import concurrent.futures
 import functools
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -82,6 +83,7 @@ class DeviceThread:
         self._closed = False
         self._runner: Runner | None = None
         self._counts = {"batches": 0, "host_allocations": 0}
+        self._busy_since: float | None = None  # when the work item running now began
 
     def start(self) -> None:
         """Start the thread and set up the device, waiting for it; idempotent.
@@ -214,6 +216,13 @@ class DeviceThread:
             merged.update(runner.stats())
         return merged
 
+    def busy_s(self) -> float:
+        """How long the work item running on the thread now has run; 0.0 when it waits
+        for work. A value that keeps growing is a thread stuck in one call (a hung
+        kernel, a driver wait): what the worker's liveness probe looks for."""
+        since = self._busy_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
     def _put(self, work: _Work) -> concurrent.futures.Future[Any]:
         self.start()
         return self._enqueue(work)
@@ -247,10 +256,13 @@ class DeviceThread:
                     if failure is not None and not work.future.cancelled():
                         work.future.set_exception(RuntimeError("device setup failed"))
                     continue
+                self._busy_since = time.monotonic()
                 try:
                     work.future.set_result(work.run())
                 except BaseException as exc:
                     work.future.set_exception(exc)
+                finally:
+                    self._busy_since = None
         finally:
             if self._runner is not None:
                 self._runner.close()

@@ -2,17 +2,24 @@
 
 Bad configuration ends with one line naming the variable and exit status 2;
 any other ``IngestError`` that stops a command ends with one line and status 1.
+``worker`` checks what its settings point at (``ingest/ops/preflight.py``)
+before it joins the group, so a hook that does not import or a keyring anyone
+may read fails there, and a supervisor does not restart it. A worker that logs
+JSON writes that last line as JSON too; an error that is no ``IngestError``
+(a bug) is logged with its traceback as a field, and the status is 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import MutableMapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +27,7 @@ import anyio
 import structlog
 
 from ingest.errors import ConfigError, IngestError
-from ingest.logs import configure_logging
+from ingest.logs import configure_logging, identity, package_version, set_identity
 from ingest.redact import set_log_hash_key
 from ingest.settings import SETTINGS, Settings, load_settings, plaintext, setting_names
 
@@ -41,6 +48,7 @@ def make_parser() -> argparse.ArgumentParser:
         description="Stream DICOM objects from S3 onto the GPU, preprocessed, stored, audited.",
         epilog="Settings: " + ", ".join(setting_names()),
     )
+    parser.add_argument("--version", action="version", version=f"dicom-ingest {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     worker = commands.add_parser(
@@ -315,10 +323,9 @@ def bench_config(args: argparse.Namespace) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    if args.command == "worker":
+        return _worker_main(args)
     try:
-        if args.command == "worker":
-            configure_logging(json=True)
-            return _worker_command(args)
         # demo and bench own an embedded stack: SIGTERM stops them as Ctrl-C does, so
         # their context managers stop the servers instead of leaving them behind
         signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -361,6 +368,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+def _worker_main(args: argparse.Namespace) -> int:
+    """``worker``, with its failures reported as the worker logs: JSON lines unless a
+    person reads the terminal (``LOG_FORMAT``, read raw: the settings may be what failed)."""
+    raw_format = os.environ.get("DICOM_INGEST_LOG_FORMAT", "auto").strip().lower()
+    lines = raw_format == "json" or (raw_format != "console" and not sys.stderr.isatty())
+    configure_logging(json=lines)
+    try:
+        return _worker_command(args)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as raised:
+        error = first_error(raised)
+        if isinstance(error, ConfigError):
+            return _last_line(lines, "configuration error", error, 2)
+        if isinstance(error, IngestError):
+            return _last_line(lines, "worker failed", error, 1)
+        if isinstance(error, SystemExit | KeyboardInterrupt | GeneratorExit):
+            raise
+        log.critical("worker crashed", exc_info=raised)  # a bug: the traceback as a field
+        return 1
+
+
+def first_error(raised: BaseException) -> BaseException:
+    """What ended a run: a task group raises its tasks' errors as an ``ExceptionGroup``;
+    the first ``ConfigError`` in it, else the first ``IngestError``, else ``raised``."""
+    if not isinstance(raised, BaseExceptionGroup):
+        return raised
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(raised)
+    for kind in (ConfigError, IngestError):
+        for leaf in leaves:
+            if isinstance(leaf, kind):
+                return leaf
+    return raised
+
+
+def _last_line(lines: bool, what: str, error: BaseException, status: int) -> int:
+    """The one line a worker ends with on an error it knows: JSON, or text for a person."""
+    if lines:
+        record = {
+            "event": what,
+            "error": str(error),
+            "error_type": type(error).__name__,
+            "exit_status": status,
+            "level": "error",
+            "logger": "dicom_ingest.cli",
+            "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            **identity(),
+        }
+        print(json.dumps(record), file=sys.stderr)
+    else:
+        text = "configuration error" if isinstance(error, ConfigError) else type(error).__name__
+        print(f"dicom-ingest: {text}: {error}", file=sys.stderr)
+    return status
+
+
 def _run(func: object, *args: object) -> int:
     """Run an async entry point on asyncio (aiokafka needs it), with uvloop when installed."""
     options = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
@@ -374,6 +445,7 @@ def _worker_command(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: bad settings or flags (checked here, once, before any child starts).
     """
+    from ingest.ops.preflight import check_startup
     from ingest.ops.supervisor import child_specs, die_with_parent, parse_gpus, run_supervisor
 
     gpus = parse_gpus(args.gpus)
@@ -381,11 +453,13 @@ def _worker_command(args: argparse.Namespace) -> int:
     set_log_hash_key(settings.log_hash_key or None)
     tty = settings.log_format == "auto" and sys.stderr.isatty()  # a person reads a terminal
     configure_logging(json=not (tty or settings.log_format == "console"))
+    set_identity(worker=settings.worker_id)  # siblings share stderr: each line says whose
     for connection in plaintext(settings):  # REQUIRE_TLS refuses these; say so at least
         log.warning("plaintext connection", setting=connection)
     if args.parent_pid is not None and not die_with_parent(args.parent_pid):
         log.warning("parent gone before start; exiting", worker=settings.worker_id)
         return 0
+    check_startup(settings)  # before the group join; the supervisor checks once for all
     processes = args.processes
     if processes == "auto":
         processes = host_processes(settings.device, settings.part_size * settings.ring_slots, gpus)
@@ -394,9 +468,6 @@ def _worker_command(args: argparse.Namespace) -> int:
         specs = child_specs(settings, processes, gpus, dict(os.environ), args.config, os.getpid())
         return _run(run_supervisor, specs, settings.shutdown_deadline_s)
     device_environment(gpus, os.environ, device_decodes(settings))
-    if args.parent_pid is not None:
-        # Siblings share the parent's stderr: every line says whose it is.
-        structlog.contextvars.bind_contextvars(worker=settings.worker_id)
     return _run(_worker, settings)
 
 

@@ -26,7 +26,8 @@ place each (``fetch.translate_s3_error``, ``dicom.parse_header``), always with
     │   ├── NotDicom                 no DICOM preamble/meta, unparseable
     │   ├── MalformedDicom           lengths or sizes that lie
     │   └── UnsupportedDicom         a valid file we do not handle (yet)
-    │       └── DeflatedDataSet      parse_header's word for a Deflated object: inflate first
+    │       ├── DeflatedDataSet      parse_header's word for a Deflated object: inflate first
+    │       └── MissingDecoder       its syntax's decoder is not installed (names the package)
     ├── LimitExceeded                the input asks for more than our bounds allow
     ├── ProcessingError              the GPU/CPU preprocessing stage failed
     ├── SinkError                    writing outputs / results        (retriable)
@@ -130,6 +131,14 @@ class UnsupportedDicom(DicomError):
     """Valid DICOM that this version does not process (e.g. a compressed syntax)."""
 
     reason = "unsupported_dicom"
+
+
+class MissingDecoder(UnsupportedDicom):
+    """The object's transfer syntax decodes with a plugin this installation leaves out
+    (``pylibjpeg-libjpeg``, GPL-3.0, is the extra ``gpl``): the message names the package;
+    once installed, ``dicom-ingest dlq replay --reason missing_decoder`` redoes them."""
+
+    reason = "missing_decoder"
 
 
 class DeflatedDataSet(UnsupportedDicom):

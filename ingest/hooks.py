@@ -96,8 +96,8 @@ def load_hook(spec: str, setting: str = "DICOM_INGEST_HOOK") -> Any:
         raise ConfigError(f"{setting}: expected 'module:callable', got {spec!r}")
     try:
         target = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{setting}: cannot load {spec!r}: {exc}") from exc
+    except Exception as exc:  # whatever the user's module raises on import
+        raise ConfigError(f"{setting}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from exc
     if not callable(target):
         raise ConfigError(f"{setting}: {spec!r} is not callable")
     return target

@@ -206,9 +206,12 @@ class RedactFilter(logging.Filter):
         if record.exc_info:
             import traceback
 
-            text = "".join(traceback.format_exception(*record.exc_info))
-            record.msg = f"{record.msg}\n{scrub_text(text)}"
-            record.exc_info, record.exc_text = None, None
+            # The scrubbed traceback replaces the live one: a plain formatter appends
+            # ``exc_text`` to the line; ``ingest/logs.py`` makes it the ``exception`` field.
+            text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+            record.exc_info, record.exc_text = None, scrub_text(text)
+        elif record.exc_text:
+            record.exc_text = scrub_text(record.exc_text)
         return True
 
 

@@ -47,7 +47,7 @@ from ingest.dicom.decoders import DecodePool
 from ingest.errors import IngestError, NotificationError, ProcessingError
 from ingest.fetch.files import FileSource
 from ingest.fetch.ring import PinnedRing
-from ingest.fetch.s3 import S3Source
+from ingest.fetch.s3 import S3Source, translate_s3_error
 from ingest.fetch.sources import Sources
 from ingest.hooks import enable_device_arrays, load_hook
 from ingest.logs import bind_object, key_digest
@@ -170,6 +170,7 @@ class Worker:
             # The device's set-up and the ring's (pinned) memory come on the device
             # thread while the clients start here.
             thread = DeviceThread(s.device)
+            self.health.device_busy_s, self.health.device_stall_s = thread.busy_s, s.device_stall_s
             ready = asyncio.wrap_future(thread.launch())
             stack.push_async_callback(anyio.to_thread.run_sync, thread.close)  # idempotent
             memory = asyncio.wrap_future(thread.alloc_host_soon(s.slot_size * s.ring_slots))
@@ -411,7 +412,12 @@ class Worker:
 
     async def _check_s3(self) -> None:
         assert self._ctx is not None
-        await self._ctx.source.client.head_bucket(Bucket=self.settings.output_bucket)
+        bucket = self.settings.output_bucket
+        try:
+            await self._ctx.source.client.head_bucket(Bucket=bucket)
+        except Exception as exc:  # named: a wrong secret (403) is not a missing bucket (404)
+            endpoint = self.settings.s3_endpoint_url or "AWS S3"
+            raise translate_s3_error(exc, f"HeadBucket {bucket!r} at {endpoint}") from exc
 
 
 def internal_error(exc: BaseException) -> ProcessingError:

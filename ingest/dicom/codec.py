@@ -44,7 +44,13 @@ from pydicom.uid import JPEGBaseline8Bit
 
 from gpu.formats import PixelFormat
 from ingest.dicom.codec_luts import Array, Lut, apply_lut, apply_palette
-from ingest.dicom.codec_read import Codec, codec_from_dataset, conversions, needs_codec
+from ingest.dicom.codec_read import (
+    Codec,
+    codec_from_dataset,
+    conversions,
+    missing_gpl_decoder,
+    needs_codec,
+)
 from ingest.dicom.codestreams import j2k_size, jpeg_size
 from ingest.dicom.syntaxes import (
     ENCAPSULATED_UNCOMPRESSED,
@@ -270,6 +276,9 @@ def _as_array(
             if type(exc).__name__ != "PanicException":
                 raise
             failure = exc
+    missing = missing_gpl_decoder(codec.transfer_syntax_uid)
+    if missing is not None:  # what is installed could not; what is left out might
+        raise missing from failure
     raise MalformedDicom(
         f"{codec.syntax_name} {where}: the Pixel Data does not decode ({type(failure).__name__})"
     ) from failure

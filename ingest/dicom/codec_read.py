@@ -29,7 +29,7 @@ from ingest.dicom.syntaxes import (
     NATIVE_LE,
     SYNTAXES,
 )
-from ingest.errors import MalformedDicom, UnsupportedDicom
+from ingest.errors import MalformedDicom, MissingDecoder, UnsupportedDicom
 
 _MONOCHROME: Final = frozenset({"MONOCHROME1", "MONOCHROME2"})
 _UID_RE: Final = re.compile(r"[0-9.]{1,64}")
@@ -88,6 +88,36 @@ def needs_codec(
     )
 
 
+GPL_DECODER: Final = "pylibjpeg-libjpeg"  # the extra `gpl`
+
+
+def missing_decoder(uid: str, what: str = "no decoding plugin is installed") -> MissingDecoder:
+    """The error of a syntax none of whose decoders is installed (or whose installed ones
+    cannot decode it: ``what``), naming what pydicom's decoders for it would need and the
+    extra that brings the GPL one."""
+    needs = "; ".join(get_decoder(uid).missing_dependencies) or "a pydicom decoding plugin"
+    extra = (
+        f" ({GPL_DECODER} is GPL-3.0: pip install 'dicom-ingest[gpl]')"
+        if GPL_DECODER in needs
+        else ""
+    )
+    return MissingDecoder(
+        f"{syntax_name(uid)}: {what}; pydicom's decoders for it need {needs}{extra}"
+    )
+
+
+def missing_gpl_decoder(uid: str) -> MissingDecoder | None:
+    """The error to give when a decode with the plugins present failed where the GPL
+    decoder, absent here, is pydicom's choice for the syntax (Pillow decodes JPEG Baseline
+    but not 12-bit JPEG): None when that decoder is installed or does not apply."""
+    decoder = get_decoder(uid)
+    if set(decoder.available_plugins) - {"pillow"}:  # a full decoder was there: bad data
+        return None
+    if not any(GPL_DECODER in need for need in decoder.missing_dependencies):
+        return None
+    return missing_decoder(uid, "the installed plugins (Pillow: 8-bit only) do not decode it")
+
+
 def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = "") -> Codec:
     """The codec of a dataset whose Pixel Data is encoded as ``transfer_syntax_uid``.
 
@@ -111,7 +141,7 @@ def codec_from_dataset(ds: Dataset, transfer_syntax_uid: str, pixel_vr: str = ""
     if uid not in SYNTAXES:
         raise UnsupportedDicom(f"transfer syntax {syntax_name(uid)} has no decoder")
     if uid in COMPRESSED and not get_decoder(uid).is_available:
-        raise UnsupportedDicom(f"{syntax_name(uid)}: no decoding plugin is installed")
+        raise missing_decoder(uid)
     if "FloatPixelData" in ds or "DoubleFloatPixelData" in ds:
         raise UnsupportedDicom("Float and Double Float Pixel Data are not supported")
     if "PixelData" not in ds and not pixel_vr:

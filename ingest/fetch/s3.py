@@ -127,13 +127,21 @@ def translate_s3_error(exc: BaseException, what: str) -> IngestError:
     return SourceError(f"{what}: {type(exc).__name__}: {exc}")
 
 
+# What an operator should check for the codes that look alike from outside
+_HINTS = {
+    "InvalidAccessKeyId": ": the access key is unknown to this endpoint",
+    "SignatureDoesNotMatch": ": the secret key does not match the access key",
+    "NoSuchBucket": ": the bucket does not exist",
+}
+
+
 def _from_status(status: int, code: str, what: str) -> IngestError:
     if code in _TRANSIENT_CODES:  # before the status: S3 sends RequestTimeTooSkewed as 403
         return SourceUnavailable(f"{what}: S3 answered {status} {code}")
     if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"):
-        return ObjectNotFound(f"{what}: not found ({code or status})")
+        return ObjectNotFound(f"{what}: not found ({code or status}{_HINTS.get(code, '')})")
     if status == 403 or code in ("AccessDenied", "Forbidden", "InvalidAccessKeyId"):
-        return AccessDenied(f"{what}: access denied ({code or status})")
+        return AccessDenied(f"{what}: access denied ({code or status}{_HINTS.get(code, '')})")
     if status == 412 or code == "PreconditionFailed":
         return ObjectChanged(f"{what}: the object changed while it was read (412)")
     if status == 416 or code == "InvalidRange":

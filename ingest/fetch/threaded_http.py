@@ -28,6 +28,10 @@ server answered an error status, or a data answer S3 would not send),
 ``http_answer.py``) or the socket's own ``OSError``/``TimeoutError``;
 ``ingest/fetch/s3.py`` maps them onto ``ingest.errors``.
 
+Where ``HTTPS_PROXY``/``HTTP_PROXY`` name a proxy for the endpoint (and
+``NO_PROXY`` does not exempt it), connections go through it (``proxy.py``):
+a ``CONNECT`` tunnel for ``https``, the absolute URL for ``http``.
+
 Servers close keep-alive connections that sit idle (SeaweedFS after 120 s), so
 after a quiet spell the pool holds as many dead connections as there were
 requests in flight before it, more than the retry policy's attempts. A dead
@@ -64,6 +68,7 @@ from ingest.fetch.http_answer import (
     read_answer,
     request_head,
 )
+from ingest.fetch.proxy import Proxy, proxy_for
 
 T = TypeVar("T")
 
@@ -131,6 +136,7 @@ class ConnectionPool:
     def __init__(
         self, connect_timeout_s: float, read_timeout_s: float, ssl_context: ssl.SSLContext
     ) -> None:
+        self._proxies: dict[tuple[str, str], Proxy | None] = {}  # the environment's, once
         self._connect_timeout = connect_timeout_s
         self._read_timeout = read_timeout_s
         self._ssl = ssl_context
@@ -162,13 +168,29 @@ class ConnectionPool:
             if self._closed:
                 raise RuntimeError("the connection pool is closed")
             self.opened += 1
+        proxy = self.proxy(scheme, netloc)
         if scheme == "https":
-            return http.client.HTTPSConnection(
-                netloc, timeout=self._connect_timeout, context=self._ssl
+            if proxy is None:
+                return http.client.HTTPSConnection(
+                    netloc, timeout=self._connect_timeout, context=self._ssl
+                )
+            tunnelled = http.client.HTTPSConnection(
+                proxy.address, timeout=self._connect_timeout, context=self._ssl
             )
+            tunnelled.set_tunnel(netloc, headers=proxy.headers())  # TLS to S3 inside it
+            return tunnelled
         if scheme != "http":
             raise ValueError(f"unsupported URL scheme {scheme!r}")
-        return http.client.HTTPConnection(netloc, timeout=self._connect_timeout)
+        return http.client.HTTPConnection(
+            proxy.address if proxy else netloc, timeout=self._connect_timeout
+        )
+
+    def proxy(self, scheme: str, netloc: str) -> Proxy | None:
+        """The proxy connections to ``scheme://netloc`` go through (None: direct)."""
+        with self._lock:
+            if (scheme, netloc) not in self._proxies:
+                self._proxies[(scheme, netloc)] = proxy_for(scheme, netloc)
+            return self._proxies[(scheme, netloc)]
 
     def give(self, scheme: str, netloc: str, conn: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -237,7 +259,7 @@ def get_into(
 
     def exchange(lease: _Lease) -> Answer:
         sock = lease.conn.sock
-        request = request_head("GET", lease.path, lease.host, headers)
+        request = request_head("GET", lease.path, lease.host, {**headers, **lease.extra})
         try:
             sock.sendall(request)
         except ConnectionError as exc:
@@ -268,7 +290,8 @@ def put_from(
         conn = lease.conn
         try:
             conn.putrequest("PUT", lease.path, skip_accept_encoding=True)
-            for name, value in {**headers, "Content-Length": str(sum(map(len, body)))}.items():
+            length = str(sum(map(len, body)))
+            for name, value in {**headers, **lease.extra, "Content-Length": length}.items():
                 conn.putheader(name, value)
             conn.endheaders()
             for piece in body:
@@ -328,6 +351,11 @@ class _Lease:
         self.host = parts.hostname or "" if parts.port in (None, default_port) else parts.netloc
         if ":" in self.host and not self.host.startswith("["):  # an IPv6 address
             self.host = f"[{self.host}]"
+        self.extra: dict[str, str] = {}  # headers for a forwarding proxy
+        proxy = pool.proxy(*self._where)
+        if proxy is not None and parts.scheme == "http":  # forwarded: the absolute URL
+            self.path = f"http://{parts.netloc}{self.path}"
+            self.extra = proxy.headers()
         self.conn = pool.take(*self._where, fresh=fresh)
         self.reused = self.conn.sock is not None  # connected before: it sat in the pool
         self.plain = parts.scheme == "http"  # not TLS: MSG_WAITALL may be used

@@ -44,7 +44,7 @@ def add_parsers(commands: Any) -> None:
         action="append",
         default=[],
         help="only this reason (repeatable), e.g. "
-        "not_found, source_unavailable, unsupported_dicom, processing",
+        "not_found, source_unavailable, unsupported_dicom, missing_decoder, processing",
     )
     replay.add_argument("--key-prefix", help="only objects whose key starts with this")
     replay.add_argument("--since", type=_time, help="dead-lettered at or after (ISO 8601, UTC)")

@@ -1,6 +1,9 @@
 """Health: what the worker knows of itself and its servers, as ``/healthz`` and ``/readyz``.
 
-``/healthz`` answers 200 while the process runs its event loop (liveness).
+``/healthz`` answers 200 while the process runs its event loop and its device
+thread is not stuck: a work item (a batch, an allocation) that has run on the
+device thread for ``DEVICE_STALL_S`` makes it 503, so Kubernetes restarts a
+worker whose GPU call hung, which the event loop alone would never show.
 ``/readyz`` answers 200 only when the consumer is in its group and polling,
 the broker answered recently and S3 answered recently; otherwise 503 with the
 reasons, as JSON either way. A probe task checks the broker (metadata request)
@@ -22,6 +25,7 @@ import anyio
 import structlog
 from aiohttp import web
 
+from ingest.errors import IngestError
 from ingest.ops.metrics import metrics_endpoint
 
 log = structlog.get_logger("dicom_ingest.health")
@@ -43,6 +47,15 @@ class Health:
     s3_ok: float | None = None
     s3_error: str | None = None
     stopping: bool = False
+    device_busy_s: Callable[[], float] | None = None  # DeviceThread.busy_s, once it runs
+    device_stall_s: float = 300.0
+
+    def liveness_problems(self) -> list[str]:
+        """Why the worker should be restarted (empty while it is alive and moving)."""
+        busy = self.device_busy_s() if self.device_busy_s is not None else 0.0
+        if busy >= self.device_stall_s:
+            return [f"device thread stuck in one work item for {busy:.0f} s"]
+        return []
 
     def polled(self, assigned: int) -> None:
         """The consumer polled. This says nothing about the broker: aiokafka's
@@ -97,7 +110,7 @@ async def probe(
                 with anyio.fail_after(PROBE_INTERVAL_S * 2):
                     await check()
             except Exception as exc:
-                error = f"{type(exc).__name__}"
+                error = describe(exc)
                 if getattr(health, f"{name}_error") is None:
                     log.warning("dependency unreachable", dependency=name, error=error)
                 setattr(health, f"{name}_error", error)
@@ -107,6 +120,18 @@ async def probe(
                 setattr(health, f"{name}_error", None)
                 setattr(health, f"{name}_ok", time.monotonic())
         await anyio.sleep(PROBE_INTERVAL_S)
+
+
+def describe(exc: BaseException) -> str:
+    """A failed check in words: our errors' messages name the server, the resource and
+    the code (``HeadBucket 'out' at https://s3...: access denied (403)``); a check that
+    hung says so; anything else is its type and message."""
+    if isinstance(exc, IngestError):
+        return str(exc)
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {PROBE_INTERVAL_S * 2:g} s"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @asynccontextmanager
@@ -119,7 +144,10 @@ async def serving(health: Health, host: str, port: int) -> AsyncIterator[int]:
     """
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"alive": True})
+        problems = health.liveness_problems()
+        return web.json_response(
+            {"alive": not problems, "problems": problems}, status=503 if problems else 200
+        )
 
     async def readyz(_: web.Request) -> web.Response:
         snapshot = health.snapshot()

@@ -12,6 +12,7 @@ worker it can reach (a port-forward to a pod, the compose stack's published port
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,32 +129,68 @@ def _ms(seconds: float) -> str:
     return "-" if math.isnan(seconds) else f"{seconds * 1000:.0f} ms"
 
 
-async def _scrape(http: aiohttp.ClientSession, url: str) -> Scrape | None:
+SCRAPE_TIMEOUT_S = 5.0
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> Scrape | str:
+    """One scrape of ``url``, or why there is none (in words, for the operator)."""
     try:
-        async with http.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                return f"HTTP {resp.status} {resp.reason or ''}".rstrip()
             text = await resp.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return None
-    return parse(text, anyio.current_time())
+    except TimeoutError:
+        return f"no answer within {SCRAPE_TIMEOUT_S:g} s"
+    except aiohttp.ClientConnectorError as exc:
+        return f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+    except (aiohttp.ClientError, ValueError) as exc:  # ValueError: not a URL
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        return parse(text, anyio.current_time())
+    except ValueError as exc:
+        return f"not Prometheus text: {exc}"
+
+
+def unreachable(url: str, why: str) -> Table:
+    table = Table(title=url, show_header=True, header_style="bold", expand=False)
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("no answer", why)
+    return table
 
 
 async def run_top(urls: Sequence[str], interval: float, *, once: bool = False) -> int:
-    """Scrape ``urls`` every ``interval`` s and redraw until Ctrl-C (``once``: one table)."""
+    """Scrape ``urls`` every ``interval`` s and redraw until Ctrl-C (``once``: one table).
+
+    A target that does not answer says why, on stderr at once and in its table;
+    with ``once`` the status is 1 when any target gave no answer.
+    """
     console = Console()
-    async with aiohttp.ClientSession() as http:
-        last = {u: await _scrape(http, u) for u in urls}
+    async with aiohttp.ClientSession(trust_env=True) as http:  # HTTP(S)_PROXY, NO_PROXY
+        said: dict[str, str] = {}  # what stderr was last told of each target
+
+        def tell(url: str, got: Scrape | str) -> None:
+            if isinstance(got, str) and said.get(url) != got:
+                print(f"dicom-ingest top: {url}: {got}", file=sys.stderr)
+            said[url] = got if isinstance(got, str) else ""
+
+        last = {u: await scrape(http, u) for u in urls}
+        for url, got in last.items():
+            tell(url, got)
         with Live(console=console, auto_refresh=False, transient=False) as live:
             while True:
                 await anyio.sleep(interval)
                 views: list[Table] = []
+                failed = False
                 for url in urls:
-                    now = await _scrape(http, url)
-                    before = last[url]
-                    if now is None or before is None:
-                        views.append(Table(title=f"{url}: no answer"))
+                    now, before = await scrape(http, url), last[url]
+                    if isinstance(now, str) or isinstance(before, str):
+                        failed = True
+                        views.append(unreachable(url, now if isinstance(now, str) else str(before)))
                     else:
                         views.append(render(url, before, now))
                     last[url] = now
+                    tell(url, now)
                 live.update(Group(*views), refresh=True)
                 if once:
-                    return 0
+                    return 1 if failed else 0

@@ -13,6 +13,7 @@ Each setting is declared once, in ``model.py``: its type, default, kind of value
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
 import stat
@@ -76,7 +77,8 @@ def load_settings(
             raise ConfigError(f"--config {config_file}: {exc}") from exc
         for key, value in data.items():
             if key not in SETTINGS:
-                raise ConfigError(f"--config {config_file}: unknown key {key!r}")
+                hint = _nearest(key, list(SETTINGS))
+                raise ConfigError(f"--config {config_file}: unknown key {key!r}{hint}")
             raw[key] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         secrets = sorted(k for k in data if k in _SECRETS)
         if secrets and mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -84,6 +86,7 @@ def load_settings(
                 f"--config {config_file}: holds {', '.join(secrets)} and others may read it; "
                 "chmod 600 it"
             )
+    _refuse_unknown(env)
     for key in SETTINGS:
         name = PREFIX + key.upper()
         if name in env:
@@ -99,6 +102,25 @@ def load_settings(
     if "output_url" in required:  # the worker's settings; `audit` reads a trail only
         _check_security(settings)
     return settings
+
+
+def _refuse_unknown(env: Mapping[str, str]) -> None:
+    """A ``DICOM_INGEST_*`` variable that is no setting is a typo (``PARTSIZE``) or a
+    setting of another version: refused, not ignored, so the worker never runs on a
+    default the operator meant to change.
+
+    Raises:
+        ConfigError: names the first unknown variable and the nearest known one.
+    """
+    known = setting_names()
+    for name in sorted(env):
+        if name.startswith(PREFIX) and name not in known:
+            raise ConfigError(f"{name}: not a setting{_nearest(name, known)}")
+
+
+def _nearest(name: str, known: list[str]) -> str:
+    match = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {match[0]}?" if match else f" (the settings: {PREFIX}*, see --help)"
 
 
 def _check_consistency(settings: Settings) -> None:

@@ -255,6 +255,14 @@ class Settings:
         ),
     )
     health_host: str = tuning("0.0.0.0", TEXT, "address the health endpoints bind")
+    device_stall_s: float = tuning(
+        300.0,
+        number(1.0, 86_400.0),
+        (
+            "`/healthz` answers 503 (the liveness probe restarts the worker) once one work item"
+            " has run this long on the device thread: a hung GPU call"
+        ),
+    )
     log_format: LogFormat = tuning(
         "auto",
         one_of(LogFormat),
@@ -278,6 +286,14 @@ class Settings:
     )
     max_poll_interval_ms: int = tuning(
         300_000, integer(1000, 86_400_000), "Kafka max poll interval"
+    )
+    kafka_connect_timeout_s: float = tuning(
+        10.0,
+        number(0.5, 600.0),
+        (
+            "how long a Kafka client's start may take (connect, versions, metadata) before the "
+            "worker gives up on a broker that does not answer"
+        ),
     )
     fetch_max_wait_ms: int = tuning(
         50, integer(1, 60_000), "longest a Kafka fetch waits for records"

@@ -27,7 +27,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from ingest.errors import BrokerError, BrokerRejected
 from ingest.redact import scrub_text
 from ingest.retry import with_retries
-from ingest.settings import Settings
+from ingest.settings import PREFIX, Settings
 from ingest.source.offsets import Partition
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -138,12 +138,28 @@ async def start_client(
     """
     s = settings
     sasl = s.kafka_security_protocol.startswith("SASL")
+    login = f" ({s.kafka_security_protocol}"
+    login += f" {s.kafka_sasl_mechanism} as {s.kafka_sasl_username!r})" if sasl else ")"
     try:
-        await start()
+        with anyio.fail_after(s.kafka_connect_timeout_s):
+            await start()
+    except TimeoutError as exc:
+        # A broker that accepts TCP and never answers: aiokafka would wait its request
+        # timeout (40 s) and then say "Unable to bootstrap" with no reason.
+        await stop()
+        hint = (
+            "; a TLS listener spoken to in plaintext does this: is KAFKA_SECURITY_PROTOCOL "
+            "SSL or SASL_SSL there?"
+            if s.kafka_security_protocol in ("PLAINTEXT", "SASL_PLAINTEXT")
+            else ""
+        )
+        raise BrokerError(
+            f"{what} start{login}: broker {s.kafka_bootstrap} accepted the connection but did "
+            f"not answer within {s.kafka_connect_timeout_s:g} s "
+            f"({PREFIX}KAFKA_CONNECT_TIMEOUT_S){hint}"
+        ) from exc
     except Exception as exc:
         await stop()
-        login = f" ({s.kafka_security_protocol}"
-        login += f" {s.kafka_sasl_mechanism} as {s.kafka_sasl_username!r})" if sasl else ")"
         if isinstance(exc, KafkaError):
             raise translate_kafka_error(exc, f"{what} start{login}") from exc
         if sasl and isinstance(exc, KeyError | ValueError):

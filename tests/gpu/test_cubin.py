@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+import pytest
+
 from gpu import kernel
 
 
@@ -28,3 +30,17 @@ def test_the_shipped_cubins_are_built_from_the_current_source() -> None:
 
 def test_no_cubin_for_an_architecture_not_shipped() -> None:
     assert kernel.shipped_cubin("10") is None
+
+
+def test_the_build_names_the_architectures_hospitals_run() -> None:
+    """``python -m gpu.build_cubin --arch targets`` builds T4, A100, A10/A40, L4/L40S and
+    H100/H200 (the build itself runs on the GPU machine); a list is taken as given."""
+    from gpu.build_cubin import TARGETS, architectures
+
+    assert TARGETS == ("75", "80", "86", "89", "90")
+    assert architectures(None, "90") == ["90"]
+    assert architectures("targets", "90") == list(TARGETS)
+    assert architectures("sm_80, 86,80", "90") == ["80", "86"]
+    for bad in ("", "eighty", "8"):
+        with pytest.raises(SystemExit):
+            architectures(bad, "90")

@@ -30,6 +30,7 @@ from ingest.embedded.samples import (
 )
 from ingest.embedded.stack import Stack
 from ingest.errors import SourceUnavailable
+from ingest.logs import package_version
 from ingest.retry import with_retries
 from ingest.settings import load_settings
 from ingest.worker import Outcome, Worker
@@ -99,8 +100,7 @@ async def test_metrics_count_objects_bytes_stages_and_offsets(
         await harness.publish(stack, names.source_topic, messages)
         with anyio.fail_after(60):
             await all_done.wait()
-            partition = {"worker": settings.worker_id, "topic": names.source_topic}
-            partition["partition"] = "0"
+            partition = {"topic": names.source_topic, "partition": "0"}
             while True:  # the commit loop acknowledges the last offsets shortly after
                 after = await scrape(port)
                 lag = after.get(("dicom_ingest_consumer_lag", frozenset(partition.items())))
@@ -161,17 +161,33 @@ async def test_metrics_count_objects_bytes_stages_and_offsets(
     assert bucket_le_inf == gets
     assert value(after, "dicom_ingest_ranges_in_flight") == 0
 
-    # the worker's live state, read at the scrape
-    me = {"worker": settings.worker_id}
-    assert value(after, "dicom_ingest_records_total", **me) == len(messages)
-    assert value(after, "dicom_ingest_ring_slots", **me) == 16
-    assert value(after, "dicom_ingest_ring_slot_bytes", **me) == 64 * 1024
-    assert value(after, "dicom_ingest_ring_slots_in_use", **me) == 0
-    assert value(after, "dicom_ingest_ring_acquired_total", **me) >= len(objects) + 1
-    assert value(after, "dicom_ingest_commits_total", **me) >= 1
+    # the worker's live state, read at the scrape; no family has a worker label (one
+    # process, one target): the worker id is on build_info
+    assert value(after, "dicom_ingest_records_total") == len(messages)
+    assert value(after, "dicom_ingest_ring_slots") == 16
+    assert value(after, "dicom_ingest_ring_slot_bytes") == 64 * 1024
+    assert value(after, "dicom_ingest_ring_slots_in_use") == 0
+    assert value(after, "dicom_ingest_ring_acquired_total") >= len(objects) + 1
+    assert value(after, "dicom_ingest_commits_total") >= 1
     assert value(after, "dicom_ingest_records_in_flight", **partition) == 0
-    assert value(after, "dicom_ingest_device_total", **me, what="jobs") >= processed
+    assert value(after, "dicom_ingest_device_jobs_total") >= processed
+    assert value(after, "dicom_ingest_device_batches_total") >= 1
+    assert value(after, "dicom_ingest_device_failed_jobs_total") == 0
+    assert value(after, "dicom_ingest_device_busy_seconds") >= 0
+    assert after[("dicom_ingest_ready", frozenset())] in (0.0, 1.0)  # what /readyz says
     assert value(after, "process_cpu_seconds_total") > 0  # CPU utilisation, per process
+    (build,) = [labels for name, labels in after if name == "dicom_ingest_build_info"]
+    assert dict(build)["worker"] == settings.worker_id
+    assert dict(build)["version"] == package_version()
+    worker_labelled = {name for name, labels in after if any(k == "worker" for k, _ in labels)}
+    assert worker_labelled == {"dicom_ingest_build_info"}
+
+    # labelled counters have their series before their first event (rate() needs it)
+    for reason in ("not_found", "access_denied", "processing", "limit_exceeded"):
+        assert ("dicom_ingest_dead_letters_total", frozenset({("reason", reason)})) in before
+    assert ("dicom_ingest_retries_total", frozenset({("reason", "sink")})) in before
+    explicit = frozenset({("outcome", "processed"), ("transfer_syntax", "ExplicitVRLittleEndian")})
+    assert ("dicom_ingest_objects_total", explicit) in before
 
 
 @pytest.mark.anyio

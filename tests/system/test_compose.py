@@ -169,7 +169,13 @@ def test_gpu_profile_is_the_worker_with_cuda_and_a_gpu(config: dict[str, Any]) -
     stages = set(re.findall(r"^FROM \S+ AS (\w+)$", dockerfile, re.MULTILINE))
     assert {cpu["build"]["target"], gpu["build"]["target"]} == stages == {"cpu", "gpu"}
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:\S+-runtime-", dockerfile, re.MULTILINE)
-    assert 'pip install ".[cuda]"' in dockerfile
+    installs = re.findall(
+        r'^RUN pip install -c constraints\.txt "\.\[\$\{(\w+)\}\]"', dockerfile, re.M
+    )
+    assert installs == ["CPU_EXTRAS", "GPU_EXTRAS"]  # both pinned by the constraints file
+    assert re.search(r"^ARG GPU_EXTRAS=cuda13,gpl$", dockerfile, re.MULTILINE)
+    assert re.search(r"^ARG CPU_EXTRAS=gpl$", dockerfile, re.MULTILINE)
+    assert dockerfile.count("COPY pyproject.toml README.md LICENSE constraints.txt ./") == 2
 
 
 def test_dashboard_and_provisioning_name_only_what_exists(config: dict[str, Any]) -> None:
@@ -189,7 +195,9 @@ def test_dashboard_and_provisioning_name_only_what_exists(config: dict[str, Any]
     dashboard = json.loads((COMPOSE / "grafana/dashboards/dicom-ingest.json").read_text())
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     exprs = [t["expr"] for p in panels for t in p["targets"]]
-    assert all(t["datasource"]["uid"] == source["uid"] for p in panels for t in p["targets"])
+    assert all(t["datasource"]["uid"] == "${datasource}" for p in panels for t in p["targets"])
+    (choice,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
+    assert choice["current"]["value"] == source["uid"]  # the provisioned one, by default
     used = {n for e in exprs for n in re.findall(r"\bdicom_ingest_[a-z_]+\b", e)}
     assert used <= exported_names(), used - exported_names()
     # the issue's list: throughput, stage latencies, ring, retries, dead letters, lag, GPU
@@ -202,3 +210,64 @@ def test_dashboard_and_provisioning_name_only_what_exists(config: dict[str, Any]
         "dicom_ingest_gpu_utilization_ratio", "dicom_ingest_gpu_memory_used_bytes",
     ):  # fmt: skip
         assert name in used, name
+
+
+def test_dashboard_has_variables_and_rate_intervals_on_every_query() -> None:
+    """Two deployments on one Prometheus stay apart (namespace and job variables on every
+    selector of the worker's families), the data source is a choice, and no rate window
+    is fixed: ``$__rate_interval`` follows the scrape interval."""
+    dashboard = json.loads((COMPOSE / "grafana/dashboards/dicom-ingest.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "job"):
+        assert variables[name]["type"] == "query"
+        assert "dicom_ingest_build_info" in variables[name]["definition"]
+        assert variables[name]["includeAll"]
+        assert variables[name]["multi"]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert exprs
+    for expr in exprs:
+        assert not re.search(r"\[\d+[smh]\]", expr), expr  # no fixed window
+        for selector in re.findall(r"\b(?:dicom_ingest|process)_[a-z_]+(\{[^}]*\})?", expr):
+            assert 'namespace=~"$namespace"' in selector, expr
+            assert 'job=~"$job"' in selector, expr
+    assert any("[$__rate_interval]" in e for e in exprs)
+
+
+def pinned(image: str) -> bool:
+    """An image reference with a version tag or a digest, neither ``latest`` nor absent."""
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")
+
+
+def test_every_image_is_pinned_to_a_version() -> None:
+    """compose/ and compose/k8s/ pull only tagged versions (a floating ``latest`` changed
+    under MinIO's users, then vanished); the base images of the Dockerfile too."""
+    assert not pinned("minio/minio:latest")
+    assert not pinned("minio/minio")
+    assert not pinned("localhost:5000/minio")  # a registry port is no tag
+    assert pinned("quay.io/minio/minio:RELEASE.2025-09-07T16-13-09Z")
+    assert pinned("grafana/grafana@sha256:" + "0" * 64)
+    compose_file = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    images = [service["image"] for service in compose_file["services"].values()]
+    manifests = [
+        doc
+        for path in sorted((COMPOSE / "k8s").rglob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+    images += [
+        container["image"]
+        for doc in manifests
+        if doc.get("kind") == "Deployment" and "containers" in doc["spec"]["template"]["spec"]
+        for container in doc["spec"]["template"]["spec"]["containers"]
+        if "image" in container  # a patch's container names no image
+    ]
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    images += re.findall(r"^ARG \w+_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
+    assert len(images) >= 10
+    assert [image for image in images if not pinned(image)] == []
+    assert not any(image.startswith(("minio/", "docker.io/minio/")) for image in images)

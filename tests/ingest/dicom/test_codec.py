@@ -51,6 +51,7 @@ from ingest.dicom.codec import (
 )
 from ingest.dicom.syntaxes import ENCAPSULATED_UNCOMPRESSED, EXPLICIT_VR_BE, NATIVE
 from ingest.errors import IngestError, MalformedDicom, UnsupportedDicom
+from tests.paths import DATA
 from tests.reference import SAMPLES, UNREADABLE
 
 Array = npt.NDArray[Any]
@@ -774,3 +775,71 @@ def test_codec_pickles_and_decoding_leaves_warnings_and_logs_alone(
     assert good.shape == (1, 100, 100, 3)
     palette = codec_from_dataset(_palette_ds(), "1.2.840.10008.1.2.1")
     assert pickle.loads(pickle.dumps(palette)) == palette
+
+
+# Decodes the JPEG samples in a Python without pylibjpeg-libjpeg (the extra `gpl` left out),
+# with Pillow present or absent; prints each sample's outcome as one line of JSON.
+WITHOUT_GPL = """
+import importlib.metadata as metadata, json, sys
+sys.modules["libjpeg"] = None  # as if the extra `gpl` were not installed: no module,
+entry_points = metadata.entry_points  # and no plugin entry point for pylibjpeg to find
+
+
+def without_libjpeg(*args, **kwargs):
+    found = entry_points(*args, **kwargs)
+    kept = [ep for ep in found if not ep.value.startswith("libjpeg")]
+    return metadata.EntryPoints(kept)
+
+
+metadata.entry_points = without_libjpeg
+if sys.argv[1] == "no-pillow":
+    sys.modules["PIL"] = None
+import pydicom
+from pydicom.encaps import generate_fragmented_frames
+from ingest.dicom.codec import decode_encapsulated
+from ingest.dicom.codec_read import codec_from_dataset
+from ingest.errors import IngestError
+for path in sys.argv[2:]:
+    ds = pydicom.dcmread(path)
+    uid = str(ds.file_meta.TransferSyntaxUID)
+    try:
+        codec = codec_from_dataset(ds, uid)
+        frames = [b"".join(f) for f in generate_fragmented_frames(ds.PixelData)]
+        decode_encapsulated(codec, frames)
+        print(json.dumps({"path": path, "reason": None}))
+    except IngestError as exc:
+        print(json.dumps({"path": path, "reason": exc.reason, "error": str(exc)}))
+"""
+
+
+@pytest.mark.parametrize("pillow", ["pillow", "no-pillow"])
+def test_without_the_gpl_decoder_jpeg_objects_name_the_missing_plugin(pillow: str) -> None:
+    """JPEG Lossless and 12-bit JPEG need pylibjpeg-libjpeg (GPL-3.0, the extra `gpl`):
+    without it they are refused as ``missing_decoder``, naming the package and the extra,
+    before or after a decode with what is installed (Pillow: 8-bit JPEG only); JPEG 2000
+    and JPEG-LS decode as before."""
+    import json
+    import subprocess
+    import sys
+
+    names = [
+        "ct-jpeg-lossless-sv1.dcm",
+        "ct-jpeg-extended.dcm",
+        "ct-jpeg2000.dcm",
+        "ct-jpeg-ls.dcm",
+    ]
+    paths = [str(DATA / "compressed" / name) for name in names]
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_GPL, pillow, *paths],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    outcomes = {Path(r["path"]).name: r for r in map(json.loads, done.stdout.splitlines())}
+    for name in names[:2]:
+        assert outcomes[name]["reason"] == "missing_decoder", outcomes[name]
+        assert "pylibjpeg-libjpeg" in outcomes[name]["error"]
+        assert "pip install 'dicom-ingest[gpl]'" in outcomes[name]["error"]
+    assert outcomes["ct-jpeg2000.dcm"]["reason"] is None
+    assert outcomes["ct-jpeg-ls.dcm"]["reason"] is None

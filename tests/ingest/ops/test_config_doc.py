@@ -62,7 +62,11 @@ def test_the_deployments_set_only_declared_settings() -> None:
     compose = ROOT / "compose"
     named = {
         match
-        for path in [compose / "docker-compose.yml", *sorted((compose / "k8s").glob("*.yaml"))]
+        for path in [
+            compose / "docker-compose.yml",
+            *sorted((compose / "k8s").rglob("*.yaml")),
+            *sorted((compose / "k8s").rglob("*.env")),
+        ]
         for match in re.findall(r"\bDICOM_INGEST_(\w+)", path.read_text())
     }
     assert named

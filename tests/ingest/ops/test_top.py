@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from rich.console import Console
@@ -58,3 +59,54 @@ def test_top_shows_rates_quantiles_ring_and_lag_of_one_tick() -> None:
     idle = Console(record=True, width=100)  # a tick with nothing finished shows dashes
     idle.print(render("http://w:8080/metrics", after, after))
     assert "end to end p99" in idle.export_text()
+
+
+def test_top_says_what_it_could_not_reach_and_exits_1(tmp_path: Path) -> None:
+    """A target with nothing listening, one that answers 404, and one that is not a
+    metrics endpoint: each is named on stderr with its reason, and ``--once`` exits 1."""
+    import subprocess
+    import sys
+
+    from ingest.embedded.server_process import free_ports
+
+    closed, web = free_ports(2)
+    (tmp_path / "metrics").write_text("<html>not metrics</html>\\n")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(web), "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import socket
+        import time
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", web), timeout=1.0):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        urls = [
+            f"http://127.0.0.1:{closed}/metrics",
+            f"http://127.0.0.1:{web}/missing",
+            f"http://127.0.0.1:{web}/metrics",
+        ]
+        done = subprocess.run(
+            [sys.executable, "-m", "ingest.cli", "top", "--once", "--interval", "0.1", *urls],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert done.returncode == 1, done
+    said = done.stderr.splitlines()
+    assert f"dicom-ingest top: {urls[0]}: cannot connect: Connect call failed" in said[0]
+    assert said[1] == f"dicom-ingest top: {urls[1]}: HTTP 404 File not found"
+    assert said[2].startswith(f"dicom-ingest top: {urls[2]}: not Prometheus text")
+    assert len(said) == 3  # each said once
+    assert done.stdout.count("no answer") == 3

@@ -165,3 +165,33 @@ def test_plaintext_connections_are_named_in_the_development_posture() -> None:
         "DICOM_INGEST_S3_ENDPOINT_URL: http is plaintext",
     ]
     assert plaintext(load_settings(TLS)) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("DICOM_INGEST_PARTSIZE", "DICOM_INGEST_PART_SIZE"),
+        ("DICOM_INGEST_KAFKA_BOOTSTRAP_SERVERS", "DICOM_INGEST_KAFKA_BOOTSTRAP"),
+        ("DICOM_INGEST_OUTPUT_DTYP", "DICOM_INGEST_OUTPUT_DTYPE"),
+    ],
+)
+def test_an_unknown_prefixed_variable_is_refused_with_the_nearest_name(
+    name: str, suggestion: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings({**BASE, name: "1"})
+    assert str(raised.value) == f"{name}: not a setting; did you mean {suggestion}?"
+
+
+def test_an_unknown_variable_far_from_every_name_is_refused_too() -> None:
+    with pytest.raises(ConfigError, match=r"^DICOM_INGEST_QQQQQQQQQQQQQQQQQ: not a setting"):
+        load_settings({**BASE, "DICOM_INGEST_QQQQQQQQQQQQQQQQQ": "1"})
+    # variables of other programs are none of ours
+    assert load_settings({**BASE, "DICOM_INGESTION": "1", "AWS_REGION": "x"}).part_size
+
+
+def test_an_unknown_config_file_key_gets_the_nearest_name(tmp_path: Path) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text("partsize = 1\n")
+    with pytest.raises(ConfigError, match="unknown key 'partsize'; did you mean part_size"):
+        load_settings(BASE, config_file=config)

@@ -80,3 +80,48 @@ async def test_a_result_is_enqueued_and_confirmed() -> None:
     await publisher.confirm(*pending)
     assert producer.enqueued == [(settings().results_topic, b'{"a":2,"b":1}', b"key")]
     assert producer.sent == []
+
+
+async def test_a_broker_that_accepts_and_never_answers_is_named_within_the_timeout() -> None:
+    """A TLS listener spoken to in plaintext takes the connection and waits for a
+    handshake that never comes: aiokafka alone fails after 40 s with no reason."""
+    import time
+
+    import anyio
+    from anyio.abc import SocketStream
+
+    from ingest.errors import BrokerError
+    from ingest.source.kafka import make_consumer
+
+    held: list[SocketStream] = []
+
+    async def hold(stream: SocketStream) -> None:
+        held.append(stream)
+        await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, hold)
+        s = load_settings(
+            {
+                "DICOM_INGEST_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}",
+                "DICOM_INGEST_OUTPUT_URL": "s3://out/",
+                "DICOM_INGEST_AUDIT_KEY": base64.b64encode(bytes(32)).decode(),
+                "DICOM_INGEST_KAFKA_CONNECT_TIMEOUT_S": "1",
+            }
+        )
+        started = time.monotonic()
+        with pytest.raises(BrokerError) as raised:
+            await make_consumer(s).start()
+        took = time.monotonic() - started
+        for stream in held:
+            await stream.aclose()
+        group.cancel_scope.cancel()
+    message = str(raised.value)
+    assert f"broker 127.0.0.1:{port} accepted the connection but did not answer within 1 s" in (
+        message
+    )
+    assert "TLS listener spoken to in plaintext" in message
+    assert held  # it did connect
+    assert took < 5.0
