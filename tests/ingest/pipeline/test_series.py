@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+import highdicom
 import numpy as np
 import pydicom
 import pytest
@@ -128,6 +129,15 @@ async def test_shuffled_and_interleaved_series_make_one_volume_each(stack: Stack
         assert array.tobytes() == want.tobytes()  # every slice in its place, bit for bit
         assert latest["complete_by_data"]
         affine = np.asarray(latest["affine"])
+        # highdicom's volume of the same files: the same axes, its slices in its own
+        # order (here the other way along the normal), so the same points
+        theirs = highdicom.get_volume_from_series(
+            [pydicom.dcmread(io.BytesIO(data)) for _, data in slices]
+        ).affine
+        np.testing.assert_allclose(affine[:, 1:3], theirs[:, 1:3], atol=1e-9)
+        points = len(slices) - 1
+        ends = {tuple(np.round(affine @ [k, 0, 0, 1], 6)) for k in (0, points)}
+        assert ends == {tuple(np.round(theirs @ [k, 0, 0, 1], 6)) for k in (0, points)}
         z = [s["position"][2] for s in latest["slices"]]
         assert z == sorted(z)  # along the normal (0, 0, 1)
         np.testing.assert_allclose(affine @ [len(z) - 1, 0, 0, 1], [-179.2, -179.2, z[-1], 1])
