@@ -108,15 +108,24 @@ async def volume_of(stack: Stack, bucket: str, prefix: str) -> tuple[dict[str, A
 
 
 async def test_shuffled_and_interleaved_series_make_one_volume_each(stack: Stack) -> None:
+    """Two series, interleaved and each out of order: a volume each, also handed to the
+    series hook eight slices a slab on the device thread."""
+    hook_probe.SLABS.clear()
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
-    first = [(f"a/{k}", d) for k, d in synthetic_ct_series(5, 16, 16, seed=11)]
+    first = [(f"a/{k}", d) for k, d in synthetic_ct_series(10, 16, 16, seed=11)]
     second = [(f"b/{k}", d) for k, d in synthetic_ct_series(4, 16, 16, seed=12)]
     arrivals = first + second
     random.Random(5).shuffle(arrivals)  # the two series interleaved, each out of order
     await harness.upload(stack, names.source_bucket, arrivals)
     await publish(stack, names, [k for k, _ in arrivals])
-    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="30")
+    settings = harness.make_settings(
+        stack,
+        names,
+        series="volume",
+        series_quiet_s="30",
+        series_hook="tests.hook_probe:collect_slabs",
+    )
     prefixes = [series_prefix(first[0][1]), series_prefix(second[0][1])]
 
     wanted = [p + "latest.json" for p in prefixes]
@@ -146,6 +155,12 @@ async def test_shuffled_and_interleaved_series_make_one_volume_each(stack: Stack
         assert version == latest
         pending = "out/series-pending/" + prefix.removeprefix("out/series/")[:-1] + ".json"
         assert await get_json(stack, names.output_bucket, pending) is None  # done with
+        slabs = [s for s in hook_probe.SLABS if s[0].version == latest["version"]]
+        assert [s.first_slice for s, _, _ in slabs] == list(range(0, len(slices), 8))
+        assert all(s.shape == array.shape for s, _, _ in slabs)
+        assert np.concatenate([host for _, host, _ in slabs]).tobytes() == array.tobytes()
+        assert {thread for _, _, thread in slabs} == {"dicom-ingest-device"}
+        assert slabs[0][0].affine == tuple(tuple(row) for row in latest["affine"])
 
 
 async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
@@ -229,28 +244,3 @@ async def test_a_pending_series_is_written_after_a_restart(stack: Stack) -> None
     latest, array = await volume_of(stack, names.output_bucket, prefix)
     assert not latest["complete_by_data"]
     assert array.tobytes() == expected_volume(slices).tobytes()
-
-
-async def test_the_series_hook_gets_the_volume_a_slab_at_a_time_on_the_device_thread(
-    stack: Stack,
-) -> None:
-    hook_probe.SLABS.clear()
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
-    slices = synthetic_ct_series(10, 16, 16, seed=51)
-    await harness.upload(stack, names.source_bucket, slices)
-    await publish(stack, names, [k for k, _ in slices])
-    prefix = series_prefix(slices[0][1])
-    settings = harness.make_settings(
-        stack, names, series="volume", series_hook="tests.hook_probe:collect_slabs"
-    )
-
-    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
-
-    latest, array = await volume_of(stack, names.output_bucket, prefix)
-    slabs = hook_probe.SLABS
-    assert [s.first_slice for s, _, _ in slabs] == [0, 8]  # eight slices a slab, in order
-    assert all(s.version == latest["version"] and s.shape == array.shape for s, _, _ in slabs)
-    assert np.concatenate([host for _, host, _ in slabs]).tobytes() == array.tobytes()
-    assert {thread for _, _, thread in slabs} == {"dicom-ingest-device"}
-    assert slabs[0][0].affine == tuple(tuple(row) for row in latest["affine"])
