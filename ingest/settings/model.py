@@ -99,14 +99,6 @@ class Settings:
             " `off` by default: it reads every slice back and writes it again"
         ),
     )
-    series_hook: str | None = contract(
-        None,
-        OPTIONAL_TEXT,
-        (
-            "`module:callable` given each series volume on the device thread, a slab of"
-            " slices at a time (`SERIES=volume`; see `ingest/hooks.py`)"
-        ),
-    )
     series_quiet_s: float = contract(
         60.0,
         number(0.1, 86400.0),
@@ -131,6 +123,14 @@ class Settings:
         None,
         OPTIONAL_TEXT,
         ("`module:callable` given every output chunk on the device thread (see `ingest/hooks.py`)"),
+    )
+    series_hook: str | None = tuning(
+        None,
+        OPTIONAL_TEXT,
+        (
+            "`module:callable` given each series volume on the device thread, a slab of"
+            " slices at a time (`SERIES=volume`; see `ingest/hooks.py`)"
+        ),
     )
     part_size: int = tuning(
         32 * MiB, integer(64 * KiB, GiB), "byte-range size and ring slot size (multiple of 64 KiB)"
