@@ -70,17 +70,26 @@ class Slide:
             return list(self.frame_columns), list(self.frame_rows)
         if self.dimension_organization != "TILED_FULL":
             return None
-        across = -(-self.total_columns // self.tile_columns)
-        per_plane = across * -(-self.total_rows // self.tile_rows)
+        across = self.tiles_across
+        per_plane = across * self.tiles_down
         tiles = range(self.frames)
         return (
             [(k % per_plane % across) * self.tile_columns + 1 for k in tiles],
             [(k % per_plane // across) * self.tile_rows + 1 for k in tiles],
         )
 
+    @property
+    def tiles_across(self) -> int:
+        return -(-self.total_columns // self.tile_columns)
+
+    @property
+    def tiles_down(self) -> int:
+        return -(-self.total_rows // self.tile_rows)
+
     def as_json(self) -> dict[str, Any]:
-        """The sidecar's ``slide`` (docs/output.md)."""
-        places = self.frame_places()
+        """The sidecar's ``slide`` (docs/output.md). TILED_FULL's places are not listed:
+        its order fixes them (``frame_places``), and a slide of half a million tiles
+        would list more than a result message may hold."""
         return {
             "total_rows": self.total_rows,
             "total_columns": self.total_columns,
@@ -88,8 +97,10 @@ class Slide:
             "tile_columns": self.tile_columns,
             "frames": self.frames,
             "dimension_organization": self.dimension_organization,
-            "frame_columns": places[0] if places else None,
-            "frame_rows": places[1] if places else None,
+            "tiles_across": self.tiles_across,
+            "tiles_down": self.tiles_down,
+            "frame_columns": list(self.frame_columns) if self.frame_columns else None,
+            "frame_rows": list(self.frame_rows) if self.frame_rows else None,
             "pixel_spacing": list(self.pixel_spacing) if self.pixel_spacing else None,
             "optical_paths": list(self.optical_paths),
             "focal_planes": self.focal_planes,

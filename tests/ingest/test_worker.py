@@ -266,6 +266,7 @@ async def test_exact_output_types_and_geometry_in_sidecars(stack: Stack) -> None
     assert len(enhanced["frame_positions"]) == 16
     assert enhanced["slice_step_from"] == "frame positions"
     slide = results["slide/jpeg.dcm"]["slide"]
-    assert slide["frame_columns"] == [1, 33, 65, 1, 33, 65]
-    assert slide["frame_rows"] == [1, 1, 1, 33, 33, 33]
+    assert slide["dimension_organization"] == "TILED_FULL"  # its order places the tiles
+    assert (slide["tiles_across"], slide["tiles_down"]) == (3, 2)
+    assert slide["frame_columns"] is None
     assert slide["pixel_spacing"] == [0.00025, 0.00025]

@@ -222,6 +222,12 @@ def test_slide_places_from_tiled_full_and_from_per_frame_positions() -> None:
     assert slide.optical_paths == ("1",)
     places = slide.frame_places()
     assert places == ([1, 33, 65, 1, 33, 65], [1, 1, 1, 33, 33, 33])
+    shown = slide.as_json()  # TILED_FULL: the order places the tiles, none are listed
+    assert (shown["tiles_across"], shown["tiles_down"], shown["frame_columns"]) == (3, 2, None)
+    frames = np.arange(slide.frames)  # docs/output.md's formula
+    c = (frames % (3 * 2) % 3) * slide.tile_columns + 1
+    r = (frames % (3 * 2) // 3) * slide.tile_rows + 1
+    assert (c.tolist(), r.tolist()) == places
     # the same tiles stored TILED_SPARSE, in another order, each with its Plane Position
     ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
     ds.DimensionOrganizationType = "TILED_SPARSE"
