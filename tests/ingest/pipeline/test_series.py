@@ -3,17 +3,18 @@
 Each volume must equal its slices' arrays (pydicom's values, as every output is)
 stacked in their order along the slice normal, whatever order the slices came
 in, with two series interleaved, a slice missing then arriving late, a worker
-crashed mid-series (cancelled with no drain and no final commit, as the
-restart tests do), and a series whose quiet period a stopped worker never saw
-out (its pending marker is picked up at the next start).
+process SIGKILLed mid-series, and a series whose quiet period a stopped worker
+never saw out (its pending marker is picked up at the next start).
 """
 
 from __future__ import annotations
 
 import io
 import random
+import signal
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -28,6 +29,7 @@ from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 from ingest.worker import Outcome, Worker
 from tests import harness, hook_probe
+from tests.chaos import WorkerProcess, no_orphans, worker_environment
 from tests.reference import reference_array
 
 pytestmark = [
@@ -195,27 +197,41 @@ async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
     assert await get_json(stack, names.output_bucket, first_version) == refused  # unchanged
 
 
-async def test_a_crash_mid_series_loses_nothing(stack: Stack) -> None:
+async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) -> None:
+    """The real ``dicom-ingest worker`` process, SIGKILLed after some of a series' slices;
+    the next worker redoes what was not committed and the series' last slice writes the
+    whole volume."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
-    slices = synthetic_ct_series(6, 16, 16, seed=31)
+    slices = synthetic_ct_series(12, 64, 64, seed=31)
     shuffled = slices[:]
     random.Random(7).shuffle(shuffled)
     await harness.upload(stack, names.source_bucket, shuffled)
     await publish(stack, names, [k for k, _ in shuffled])
-    settings = harness.make_settings(
-        stack, names, series="volume", series_quiet_s="30", max_objects_in_flight="2"
+    env = worker_environment(
+        stack, names, series="volume", series_quiet_s="600", max_objects_in_flight="2"
     )
-
-    await harness.run_worker(settings, stop_after=3, graceful=False)  # no drain, no commit
-    committed = await harness.settled_committed_offset(stack, names.group, names.source_topic)
     prefix = series_prefix(slices[0][1])
-    await run_until(
-        settings, len(slices) - committed, stack, names.output_bucket, [prefix + "latest.json"]
-    )
+
+    with no_orphans():
+        first = WorkerProcess(env, tmp_path / "first.log").start()
+        with anyio.fail_after(60):
+            while first.counts["processed"] < 4:
+                first.poll_log()
+                await anyio.sleep(0.02)
+        first.kill()  # SIGKILL: no drain, no final commit, no LeaveGroup
+        assert first.counts["processed"] < len(slices)  # mid-series
+        second = WorkerProcess(env, tmp_path / "second.log").start()
+        with anyio.fail_after(60):
+            while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:
+                assert second.alive(), second.log_tail()
+                await anyio.sleep(0.1)
+        second.signal(signal.SIGTERM)
+        assert await second.wait(30) == 0
 
     latest, array = await volume_of(stack, names.output_bucket, prefix)
     assert latest["complete_by_data"]
+    assert len(latest["slices"]) == len(slices)
     assert array.tobytes() == expected_volume(slices).tobytes()
 
 
