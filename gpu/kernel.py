@@ -16,7 +16,9 @@ through float32, which would round twice. float64 -> float32 is inline PTX too
 (``cvt.rn.f32.f64``, no ``.ftz``): CuPy appends ``-ftz=true`` to every NVRTC
 compile, which makes ``__double2float_rn`` flush float32 subnormals to zero
 where NumPy keeps them (CuPy 14.2). Float64 arithmetic is
-never flushed.
+never flushed. A float64 output is the value itself; an integer output
+(``OUTPUT_DTYPE=exact``) only ever receives integers its type holds
+(``preprocess.narrowest_exact``), so its cast is exact, as NumPy's ``astype`` is.
 
 Loading: the package ships the kernel compiled for the GPUs we measure on
 (``gpu/cubin/``, made by ``python -m gpu.build_cubin`` on such a GPU, with the
@@ -45,7 +47,6 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu import driver
-from gpu.formats import OUT_DTYPES
 from gpu.preprocess import F_PER_FRAME, F_PLANAR, F_RESCALE, F_STEP, F_WINDOW, ChunkPlan
 
 # Layout of one chunk's int64 parameter row.
@@ -85,15 +86,19 @@ _CONSTANTS = {
 
 _BODY = r"""
 
-template <int OUT>
-__device__ __forceinline__ void store_integer(void* dst, long long o, double y)
+// y is an integer the type holds (preprocess.narrowest_exact): each cast is exact. The
+// type is a run-time switch, the same for every thread of a chunk (no divergence), so
+// the integer outputs add one kernel body per stored type, not six.
+__device__ __forceinline__ void store_integer(void* dst, long long o, double y, int out)
 {
-    if (OUT == 3) static_cast<unsigned char*>(dst)[o] = static_cast<unsigned char>(y);
-    if (OUT == 4) static_cast<signed char*>(dst)[o] = static_cast<signed char>(y);
-    if (OUT == 5) static_cast<unsigned short*>(dst)[o] = static_cast<unsigned short>(y);
-    if (OUT == 6) static_cast<short*>(dst)[o] = static_cast<short>(y);
-    if (OUT == 7) static_cast<unsigned int*>(dst)[o] = static_cast<unsigned int>(y);
-    if (OUT == 8) static_cast<int*>(dst)[o] = static_cast<int>(y);
+    switch (out) {
+    case 3: static_cast<unsigned char*>(dst)[o] = static_cast<unsigned char>(y); break;
+    case 4: static_cast<signed char*>(dst)[o] = static_cast<signed char>(y); break;
+    case 5: static_cast<unsigned short*>(dst)[o] = static_cast<unsigned short>(y); break;
+    case 6: static_cast<short*>(dst)[o] = static_cast<short>(y); break;
+    case 7: static_cast<unsigned int*>(dst)[o] = static_cast<unsigned int>(y); break;
+    default: static_cast<int*>(dst)[o] = static_cast<int>(y); break;
+    }
 }
 
 template <typename S, typename U, int OUT>
@@ -108,6 +113,7 @@ __device__ __forceinline__ void run_chunk(const long long* p, const double* fp, 
     const long long plane = p[P_PLANE];
     const int shift = static_cast<int>(p[P_SHIFT]);
     const long long flags = p[P_FLAGS];
+    const int out = static_cast<int>(p[P_OUT]);
     const double* slopes = table + p[P_SLOPES];
     const double* icpts = table + p[P_ICPTS];
     const bool per_slope = p[P_NSLOPES] > 1;
@@ -150,7 +156,7 @@ __device__ __forceinline__ void run_chunk(const long long* p, const double* fp, 
         } else if (OUT == 2) {
             static_cast<double*>(dst)[o] = y;
         } else {  // an integer type that holds y, an integer, exactly: the cast is exact
-            store_integer<OUT>(dst, o, y);
+            store_integer(dst, o, y, out);
         }
     }
 }
@@ -161,7 +167,8 @@ extern "C" __global__ void dicom_preprocess(const long long* __restrict__ params
 {
     const long long* p = params + static_cast<long long>(blockIdx.y) * P_COUNT;
     const double* fp = fparams + static_cast<long long>(blockIdx.y) * FP_COUNT;
-    switch (static_cast<int>(p[P_CODE]) * OUT_COUNT + static_cast<int>(p[P_OUT])) {
+    const int out = static_cast<int>(p[P_OUT]);
+    switch (static_cast<int>(p[P_CODE]) * OUT_KINDS + (out < OUT_KINDS ? out : OUT_KINDS - 1)) {
 CASES
     default: break;
     }
@@ -176,14 +183,17 @@ _STORED = (
     ("unsigned int", "unsigned int"),
     ("int", "unsigned int"),
 )  # (S, U) of preprocess.DTYPE_CODES' stored types, in code order
+# Kernel bodies per stored type: float32, float16, float64, and one for every integer
+# output type (OUT_DTYPES from index 3 on; store_integer switches on it at run time).
+_OUT_KINDS = 4
 _CASES = "\n".join(
-    f"    case {code * len(OUT_DTYPES) + out}: run_chunk<{s}, {u}, {out}>(p, fp, table); break;"
+    f"    case {code * _OUT_KINDS + kind}: run_chunk<{s}, {u}, {kind}>(p, fp, table); break;"
     for code, (s, u) in enumerate(_STORED)
-    for out in range(len(OUT_DTYPES))
+    for kind in range(_OUT_KINDS)
 )
 SOURCE: str = (
     "".join(f"#define {k} {v}\n" for k, v in _CONSTANTS.items())
-    + f"#define OUT_COUNT {len(OUT_DTYPES)}\n"
+    + f"#define OUT_KINDS {_OUT_KINDS}\n"
     + _BODY.replace("CASES", _CASES)
 )
 

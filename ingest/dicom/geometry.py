@@ -85,8 +85,7 @@ class Geometry:
         """The slice normal: row direction x column direction."""
         if self.image_orientation is None:
             return None
-        n = np.cross(self.image_orientation[:3], self.image_orientation[3:])
-        return (float(n[0]), float(n[1]), float(n[2]))
+        return _cross(self.image_orientation[:3], self.image_orientation[3:])
 
     def as_json(self) -> dict[str, Any]:
         """The sidecar's ``geometry`` (docs/output.md)."""
@@ -142,14 +141,19 @@ class _Reader:
 def numbers_of(value: object, count: int) -> tuple[float, ...] | None:
     """``count`` finite numbers from a value (one number, or a sequence of them); else None."""
     items: Sequence[object]
-    if isinstance(value, str | bytes):
+    if isinstance(value, float | int):  # one number (the plain reader's and pydicom's)
+        items = (value,)
+    elif isinstance(value, tuple | list) or (
+        isinstance(value, Sequence) and not isinstance(value, str | bytes)
+    ):
+        items = value  # several (a tuple, or pydicom's MultiValue)
+    else:
         return None
-    items = value if isinstance(value, Sequence) else [value]
     if len(items) != count:
         return None
     out = []
     for item in items:
-        if isinstance(item, bool) or not isinstance(item, int | float):
+        if type(item) is bool or not isinstance(item, float | int):
             return None
         number = float(item)
         if not math.isfinite(number):
@@ -353,34 +357,41 @@ def _affine(
     """(affine, where its frame step came from, why there is none)."""
     if spacing is None or orientation is None or position is None:
         return None, None, None  # ``missing`` names what is lacking
-    row_cosines, column_cosines = np.asarray(orientation[:3]), np.asarray(orientation[3:])
-    normal = np.cross(row_cosines, column_cosines)
+    # plain floats, not NumPy: a slice's geometry is read for every object, and NumPy's
+    # per-call overhead on 3-vectors was most of a CT slice's header time
+    along_row, down_column = orientation[:3], orientation[3:]
+    normal = _cross(along_row, down_column)
     if orientation_varies:
         return None, None, "the frames' orientations differ"
-    step: npt.NDArray[np.float64]
     if frames > 1 and positions is not None and len(positions) == frames:
         points = np.asarray(positions, dtype=np.float64)
-        step = (points[-1] - points[0]) / (frames - 1)
-        expected = points[0] + np.arange(frames)[:, None] * step
+        mean_step = (points[-1] - points[0]) / (frames - 1)
+        expected = points[0] + np.arange(frames)[:, None] * mean_step
         if not np.all(np.abs(points - expected) <= POSITION_TOLERANCE_MM):
             return None, None, "the frames do not lie evenly spaced on one line"
-        step_from = "frame positions"
+        step, step_from = tuple(float(v) for v in mean_step), "frame positions"
     elif frames > 1:
         if between is None:
             return None, None, "a multi-frame object without frame positions or spacing"
-        step, step_from = normal * between, "SpacingBetweenSlices"
+        step, step_from = _scaled(normal, between), "SpacingBetweenSlices"
     elif between is not None:
-        step, step_from = normal * between, "SpacingBetweenSlices"
+        step, step_from = _scaled(normal, between), "SpacingBetweenSlices"
     elif thickness is not None:
-        step, step_from = normal * thickness, "SliceThickness"
+        step, step_from = _scaled(normal, thickness), "SliceThickness"
     else:
         step, step_from = normal, "unit normal (one frame)"
-    affine = np.eye(4)
-    affine[:3, 0] = step
-    affine[:3, 1] = column_cosines * spacing[0]  # down the rows: the column direction
-    affine[:3, 2] = row_cosines * spacing[1]  # along a row: the row direction
-    affine[:3, 3] = position
-    return tuple(tuple(float(v) for v in row) for row in affine), step_from, None
+    rows = _scaled(down_column, spacing[0])  # down the rows: the column direction
+    columns = _scaled(along_row, spacing[1])  # along a row: the row direction
+    affine = tuple((step[i], rows[i], columns[i], float(position[i])) for i in range(3))
+    return (*affine, (0.0, 0.0, 0.0, 1.0)), step_from, None
+
+
+def _cross(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+
+
+def _scaled(v: Sequence[float], by: float) -> tuple[float, ...]:
+    return tuple(float(x) * by for x in v)
 
 
 def lps_to_ras(affine: npt.ArrayLike) -> npt.NDArray[np.float64]:

@@ -9,6 +9,12 @@ the object has per-frame values (TILED_SPARSE); with TILED_FULL the standard
 fixes it: tiles in row-major order across the matrix, then focal planes, then
 optical paths. Without either there is no place, and ``frame_columns`` and
 ``frame_rows`` are None.
+
+``affine`` maps a pixel of the total matrix, ``[row, column, 0, 1]`` (0-based),
+to the slide coordinate system in millimetres: Image Orientation (Slide) times
+the pixel spacing, from the Total Pixel Matrix Origin (its Z offset 0 when
+absent), its third column the unit normal (row direction x column direction).
+Without the orientation, the origin or the spacing there is none.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from gpu.formats import PixelFormat
+from ingest.dicom.geometry import numbers_of
 from ingest.errors import MalformedDicom
 
 
@@ -50,6 +59,7 @@ class Slide:
     pixel_spacing: tuple[float, float] | None = None  # (between rows, between columns), mm
     optical_paths: tuple[str, ...] = ()  # Optical Path Identifiers, in the sequence's order
     focal_planes: int | None = None  # Total Pixel Matrix Focal Planes
+    affine: tuple[tuple[float, ...], ...] | None = None  # matrix (row, column) -> slide mm
 
     def frame_places(self) -> tuple[list[int], list[int]] | None:
         """Each frame's 1-based (columns, rows) in the total matrix, or None when unknown.
@@ -60,17 +70,26 @@ class Slide:
             return list(self.frame_columns), list(self.frame_rows)
         if self.dimension_organization != "TILED_FULL":
             return None
-        across = -(-self.total_columns // self.tile_columns)
-        per_plane = across * -(-self.total_rows // self.tile_rows)
+        across = self.tiles_across
+        per_plane = across * self.tiles_down
         tiles = range(self.frames)
         return (
             [(k % per_plane % across) * self.tile_columns + 1 for k in tiles],
             [(k % per_plane // across) * self.tile_rows + 1 for k in tiles],
         )
 
+    @property
+    def tiles_across(self) -> int:
+        return -(-self.total_columns // self.tile_columns)
+
+    @property
+    def tiles_down(self) -> int:
+        return -(-self.total_rows // self.tile_rows)
+
     def as_json(self) -> dict[str, Any]:
-        """The sidecar's ``slide`` (docs/output.md)."""
-        places = self.frame_places()
+        """The sidecar's ``slide`` (docs/output.md). TILED_FULL's places are not listed:
+        its order fixes them (``frame_places``), and a slide of half a million tiles
+        would list more than a result message may hold."""
         return {
             "total_rows": self.total_rows,
             "total_columns": self.total_columns,
@@ -78,11 +97,16 @@ class Slide:
             "tile_columns": self.tile_columns,
             "frames": self.frames,
             "dimension_organization": self.dimension_organization,
-            "frame_columns": places[0] if places else None,
-            "frame_rows": places[1] if places else None,
+            "tiles_across": self.tiles_across,
+            "tiles_down": self.tiles_down,
+            "frame_columns": list(self.frame_columns) if self.frame_columns else None,
+            "frame_rows": list(self.frame_rows) if self.frame_rows else None,
             "pixel_spacing": list(self.pixel_spacing) if self.pixel_spacing else None,
             "optical_paths": list(self.optical_paths),
             "focal_planes": self.focal_planes,
+            "affine": [list(row) for row in self.affine] if self.affine else None,
+            "affine_space": "slide",
+            "affine_axes": ["row", "column", "normal"],
         }
 
 
@@ -122,7 +146,30 @@ def slide_of(
         pixel_spacing=pixel_spacing,
         optical_paths=_optical_paths(ds),
         focal_planes=int(planes) if _positive(planes) else None,
+        affine=_slide_affine(ds, pixel_spacing),
     )
+
+
+def _slide_affine(
+    ds: _Values, spacing: tuple[float, float] | None
+) -> tuple[tuple[float, ...], ...] | None:
+    orientation = numbers_of(ds.get("ImageOrientationSlide"), 6)
+    origins = ds.get("TotalPixelMatrixOriginSequence")
+    if spacing is None or orientation is None or not isinstance(origins, Sequence) or not origins:
+        return None
+    origin = origins[0]
+    x = numbers_of(origin.get("XOffsetInSlideCoordinateSystem"), 1)
+    y = numbers_of(origin.get("YOffsetInSlideCoordinateSystem"), 1)
+    z = numbers_of(origin.get("ZOffsetInSlideCoordinateSystem"), 1) or (0.0,)
+    if x is None or y is None:
+        return None
+    along_row, down_column = np.asarray(orientation[:3]), np.asarray(orientation[3:])
+    affine = np.eye(4)
+    affine[:3, 0] = down_column * spacing[0]
+    affine[:3, 1] = along_row * spacing[1]
+    affine[:3, 2] = np.cross(along_row, down_column)
+    affine[:3, 3] = (x[0], y[0], z[0])
+    return tuple(tuple(float(v) for v in row) for row in affine)
 
 
 def _positive(value: object) -> bool:

@@ -266,7 +266,7 @@ def _print_slides(console: Console, outcomes: list[Outcome]) -> None:
             f" ({slide.dimension_organization}), pixel spacing {slide.pixel_spacing} mm,"
             f" optical paths {list(slide.optical_paths)}"
         )
-        table = Table(title="each tile's place in the matrix (the sidecar's slide)")
+        table = Table(title="each tile's place in the matrix")
         table.add_column("frame", justify="right")
         table.add_column("matrix column", justify="right")
         table.add_column("matrix row", justify="right")

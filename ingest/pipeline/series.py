@@ -100,10 +100,20 @@ class SeriesAssembler:
             return
         series, member = found
         prefix = self.volume_prefix(series)
-        await self._sink.put_json(
-            f"{prefix}members/{member.sop_instance_uid}.json", member.as_json()
-        )
-        await self._sink.put_json(self._pending(series), _series_json(series))
+        record = f"{prefix}members/{member.sop_instance_uid}.json"
+        errors: list[IngestError] = []
+
+        async def put(key: str, document: Mapping[str, Any]) -> None:
+            try:
+                await self._sink.put_json(key, document)
+            except IngestError as exc:  # raised below, ungrouped
+                errors.append(exc)
+
+        async with anyio.create_task_group() as group:  # the two PUTs at once
+            group.start_soon(put, record, member.as_json())
+            group.start_soon(put, self._pending(series), _series_json(series))
+        if errors:
+            raise errors[0]
         members = self._members.get(series)
         if members is None:  # this process has not seen the series: what is durable already
             members = self._members[series] = {}

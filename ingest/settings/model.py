@@ -103,14 +103,6 @@ class Settings:
             " `off` by default: it reads every slice back and writes it again"
         ),
     )
-    series_hook: str | None = contract(
-        None,
-        OPTIONAL_TEXT,
-        (
-            "`module:callable` given each series volume on the device thread, a slab of"
-            " slices at a time (`SERIES=volume`; see `ingest/hooks.py`)"
-        ),
-    )
     series_quiet_s: float = contract(
         60.0,
         number(0.1, 86400.0),
@@ -152,6 +144,14 @@ class Settings:
             "how files are read into the ring: `kvikio` (KvikIO, GPUDirect Storage where the "
             "file system and driver support it), `posix` (`preadv` in the read threads), `auto`:"
             " `kvikio` on a CUDA device with KvikIO installed, else `posix`"
+        ),
+    )
+    series_hook: str | None = tuning(
+        None,
+        OPTIONAL_TEXT,
+        (
+            "`module:callable` given each series volume on the device thread, a slab of"
+            " slices at a time (`SERIES=volume`; see `ingest/hooks.py`)"
         ),
     )
     part_size: int = tuning(

@@ -4,7 +4,8 @@ Each affine is checked two ways: against nibabel's DICOM reader (an independent
 implementation: its row and column axes and origin are ours in another axis
 order, and its frames lie on the same points as ours), and against the
 standard's equation (PS3.3 C.7.6.2.1.1) evaluated for every frame's corners
-from the values pydicom reads. The raw per-frame reader must agree with
+from the values pydicom reads. A slide's matrix affine is checked against
+highdicom's. The raw per-frame reader must agree with
 pydicom's reading of the same groups; what an object lacks is named.
 """
 
@@ -14,6 +15,7 @@ import io
 import warnings
 from typing import Any
 
+import highdicom
 import numpy as np
 import numpy.typing as npt
 import pydicom
@@ -220,6 +222,12 @@ def test_slide_places_from_tiled_full_and_from_per_frame_positions() -> None:
     assert slide.optical_paths == ("1",)
     places = slide.frame_places()
     assert places == ([1, 33, 65, 1, 33, 65], [1, 1, 1, 33, 33, 33])
+    shown = slide.as_json()  # TILED_FULL: the order places the tiles, none are listed
+    assert (shown["tiles_across"], shown["tiles_down"], shown["frame_columns"]) == (3, 2, None)
+    frames = np.arange(slide.frames)  # docs/output.md's formula
+    c = (frames % (3 * 2) % 3) * slide.tile_columns + 1
+    r = (frames % (3 * 2) // 3) * slide.tile_rows + 1
+    assert (c.tolist(), r.tolist()) == places
     # the same tiles stored TILED_SPARSE, in another order, each with its Plane Position
     ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
     ds.DimensionOrganizationType = "TILED_SPARSE"
@@ -236,3 +244,20 @@ def test_slide_places_from_tiled_full_and_from_per_frame_positions() -> None:
     assert sparse is not None
     assert sparse.frame_places() == ([places[0][k] for k in order], [places[1][k] for k in order])
     assert sparse.as_json()["frame_columns"] == [places[0][k] for k in order]
+
+
+def test_slide_affine_agrees_with_highdicom() -> None:
+    data = jpeg_slide_bytes(tiles_across=3, tiles_down=2, tile=32)
+    slide = header(data).slide
+    assert slide is not None
+    assert slide.affine is not None
+    ours = np.asarray(slide.affine)
+    ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+    theirs = highdicom.spatial.PixelToReferenceTransformer.for_image(
+        ds, for_total_pixel_matrix=True
+    ).affine  # maps (column, row)
+    np.testing.assert_allclose(ours[:, [1, 0, 3]], theirs[:, [0, 1, 3]], atol=1e-12)
+    corner = ours @ [slide.total_rows - 1, slide.total_columns - 1, 0, 1]
+    np.testing.assert_allclose(
+        corner, theirs @ [slide.total_columns - 1, slide.total_rows - 1, 0, 1], atol=1e-12
+    )

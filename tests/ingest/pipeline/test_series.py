@@ -3,20 +3,22 @@
 Each volume must equal its slices' arrays (pydicom's values, as every output is)
 stacked in their order along the slice normal, whatever order the slices came
 in, with two series interleaved, a slice missing then arriving late, a worker
-crashed mid-series (cancelled with no drain and no final commit, as the
-restart tests do), and a series whose quiet period a stopped worker never saw
-out (its pending marker is picked up at the next start).
+process SIGKILLed mid-series, and a series whose quiet period a stopped worker
+never saw out (its pending marker is picked up at the next start).
 """
 
 from __future__ import annotations
 
 import io
 import random
+import signal
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
+import highdicom
 import numpy as np
 import pydicom
 import pytest
@@ -27,6 +29,7 @@ from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 from ingest.worker import Outcome, Worker
 from tests import harness, hook_probe
+from tests.chaos import WorkerProcess, no_orphans, worker_environment
 from tests.reference import reference_array
 
 pytestmark = [
@@ -107,15 +110,24 @@ async def volume_of(stack: Stack, bucket: str, prefix: str) -> tuple[dict[str, A
 
 
 async def test_shuffled_and_interleaved_series_make_one_volume_each(stack: Stack) -> None:
+    """Two series, interleaved and each out of order: a volume each, also handed to the
+    series hook eight slices a slab on the device thread."""
+    hook_probe.SLABS.clear()
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
-    first = [(f"a/{k}", d) for k, d in synthetic_ct_series(5, 16, 16, seed=11)]
+    first = [(f"a/{k}", d) for k, d in synthetic_ct_series(10, 16, 16, seed=11)]
     second = [(f"b/{k}", d) for k, d in synthetic_ct_series(4, 16, 16, seed=12)]
     arrivals = first + second
     random.Random(5).shuffle(arrivals)  # the two series interleaved, each out of order
     await harness.upload(stack, names.source_bucket, arrivals)
     await publish(stack, names, [k for k, _ in arrivals])
-    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="30")
+    settings = harness.make_settings(
+        stack,
+        names,
+        series="volume",
+        series_quiet_s="30",
+        series_hook="tests.hook_probe:collect_slabs",
+    )
     prefixes = [series_prefix(first[0][1]), series_prefix(second[0][1])]
 
     wanted = [p + "latest.json" for p in prefixes]
@@ -128,6 +140,15 @@ async def test_shuffled_and_interleaved_series_make_one_volume_each(stack: Stack
         assert array.tobytes() == want.tobytes()  # every slice in its place, bit for bit
         assert latest["complete_by_data"]
         affine = np.asarray(latest["affine"])
+        # highdicom's volume of the same files: the same axes, its slices in its own
+        # order (here the other way along the normal), so the same points
+        theirs = highdicom.get_volume_from_series(
+            [pydicom.dcmread(io.BytesIO(data)) for _, data in slices]
+        ).affine
+        np.testing.assert_allclose(affine[:, 1:3], theirs[:, 1:3], atol=1e-9)
+        points = len(slices) - 1
+        ends = {tuple(np.round(affine @ [k, 0, 0, 1], 6)) for k in (0, points)}
+        assert ends == {tuple(np.round(theirs @ [k, 0, 0, 1], 6)) for k in (0, points)}
         z = [s["position"][2] for s in latest["slices"]]
         assert z == sorted(z)  # along the normal (0, 0, 1)
         np.testing.assert_allclose(affine @ [len(z) - 1, 0, 0, 1], [-179.2, -179.2, z[-1], 1])
@@ -136,6 +157,12 @@ async def test_shuffled_and_interleaved_series_make_one_volume_each(stack: Stack
         assert version == latest
         pending = "out/series-pending/" + prefix.removeprefix("out/series/")[:-1] + ".json"
         assert await get_json(stack, names.output_bucket, pending) is None  # done with
+        slabs = [s for s in hook_probe.SLABS if s[0].version == latest["version"]]
+        assert [s.first_slice for s, _, _ in slabs] == list(range(0, len(slices), 8))
+        assert all(s.shape == array.shape for s, _, _ in slabs)
+        assert np.concatenate([host for _, host, _ in slabs]).tobytes() == array.tobytes()
+        assert {thread for _, _, thread in slabs} == {"dicom-ingest-device"}
+        assert slabs[0][0].affine == tuple(tuple(row) for row in latest["affine"])
 
 
 async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
@@ -170,27 +197,41 @@ async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
     assert await get_json(stack, names.output_bucket, first_version) == refused  # unchanged
 
 
-async def test_a_crash_mid_series_loses_nothing(stack: Stack) -> None:
+async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) -> None:
+    """The real ``dicom-ingest worker`` process, SIGKILLed after some of a series' slices;
+    the next worker redoes what was not committed and the series' last slice writes the
+    whole volume."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
-    slices = synthetic_ct_series(6, 16, 16, seed=31)
+    slices = synthetic_ct_series(12, 64, 64, seed=31)
     shuffled = slices[:]
     random.Random(7).shuffle(shuffled)
     await harness.upload(stack, names.source_bucket, shuffled)
     await publish(stack, names, [k for k, _ in shuffled])
-    settings = harness.make_settings(
-        stack, names, series="volume", series_quiet_s="30", max_objects_in_flight="2"
+    env = worker_environment(
+        stack, names, series="volume", series_quiet_s="600", max_objects_in_flight="2"
     )
-
-    await harness.run_worker(settings, stop_after=3, graceful=False)  # no drain, no commit
-    committed = await harness.settled_committed_offset(stack, names.group, names.source_topic)
     prefix = series_prefix(slices[0][1])
-    await run_until(
-        settings, len(slices) - committed, stack, names.output_bucket, [prefix + "latest.json"]
-    )
+
+    with no_orphans():
+        first = WorkerProcess(env, tmp_path / "first.log").start()
+        with anyio.fail_after(60):
+            while first.counts["processed"] < 4:
+                first.poll_log()
+                await anyio.sleep(0.02)
+        first.kill()  # SIGKILL: no drain, no final commit, no LeaveGroup
+        assert first.counts["processed"] < len(slices)  # mid-series
+        second = WorkerProcess(env, tmp_path / "second.log").start()
+        with anyio.fail_after(60):
+            while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:
+                assert second.alive(), second.log_tail()
+                await anyio.sleep(0.1)
+        second.signal(signal.SIGTERM)
+        assert await second.wait(30) == 0
 
     latest, array = await volume_of(stack, names.output_bucket, prefix)
     assert latest["complete_by_data"]
+    assert len(latest["slices"]) == len(slices)
     assert array.tobytes() == expected_volume(slices).tobytes()
 
 
@@ -219,28 +260,3 @@ async def test_a_pending_series_is_written_after_a_restart(stack: Stack) -> None
     latest, array = await volume_of(stack, names.output_bucket, prefix)
     assert not latest["complete_by_data"]
     assert array.tobytes() == expected_volume(slices).tobytes()
-
-
-async def test_the_series_hook_gets_the_volume_a_slab_at_a_time_on_the_device_thread(
-    stack: Stack,
-) -> None:
-    hook_probe.SLABS.clear()
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
-    slices = synthetic_ct_series(10, 16, 16, seed=51)
-    await harness.upload(stack, names.source_bucket, slices)
-    await publish(stack, names, [k for k, _ in slices])
-    prefix = series_prefix(slices[0][1])
-    settings = harness.make_settings(
-        stack, names, series="volume", series_hook="tests.hook_probe:collect_slabs"
-    )
-
-    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
-
-    latest, array = await volume_of(stack, names.output_bucket, prefix)
-    slabs = hook_probe.SLABS
-    assert [s.first_slice for s, _, _ in slabs] == [0, 8]  # eight slices a slab, in order
-    assert all(s.version == latest["version"] and s.shape == array.shape for s, _, _ in slabs)
-    assert np.concatenate([host for _, host, _ in slabs]).tobytes() == array.tobytes()
-    assert {thread for _, _, thread in slabs} == {"dicom-ingest-device"}
-    assert slabs[0][0].affine == tuple(tuple(row) for row in latest["affine"])
