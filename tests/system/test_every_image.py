@@ -73,8 +73,15 @@ def _expected(data: bytes) -> np.ndarray | Exception:
         return exc
 
 
-# the default part size, or the harness's 64 KiB parts
-@pytest.mark.parametrize("part_size", [32 * 1024 * 1024, None], ids=["one-get", "ranges"])
+# the default part size, or the harness's 64 KiB parts (slow: the ranged read path is the
+# rest of the suite's, sample by sample in tests/ingest/test_worker.py)
+@pytest.mark.parametrize(
+    "part_size",
+    [
+        pytest.param(32 * 1024 * 1024, id="one-get"),
+        pytest.param(None, id="ranges", marks=pytest.mark.slow),
+    ],
+)
 async def test_every_sample_file_is_processed_or_refused_by_name(
     stack: Stack, part_size: int | None
 ) -> None:
