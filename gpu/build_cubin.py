@@ -64,16 +64,14 @@ def architectures(text: str | None, here: str) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
-def _through_cupy_cache(cupy: Any, source: str, name: str) -> bytes:
-    """This GPU's cubin, compiled and cached by CuPy exactly as at run time."""
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ["CUPY_CACHE_DIR"] = cache
-        os.environ["CUPY_CACHE_IN_MEMORY"] = "0"
-        cupy.RawKernel(source, name).compile()
-        built = sorted(Path(cache).glob("*.cubin"))
-        if len(built) != 1:
-            raise SystemExit(f"expected one cubin in CuPy's cache, found {len(built)}")
-        return cubin_of(built[0].read_bytes())
+def _through_cupy_cache(cupy: Any, source: str, name: str, cache: Path) -> bytes:
+    """This GPU's cubin, compiled and cached by CuPy exactly as at run time, in ``cache``
+    (``CUPY_CACHE_DIR``, set before CuPy was imported: it reads it once)."""
+    cupy.RawKernel(source, name).compile()
+    built = sorted(cache.glob("*.cubin"))
+    if len(built) != 1:
+        raise SystemExit(f"expected one cubin in CuPy's cache, found {len(built)}")
+    return cubin_of(built[0].read_bytes())
 
 
 def _through_nvrtc(nvrtc: Any, source: str, name: str, capability: str) -> bytes:
@@ -98,7 +96,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("out", nargs="?", type=Path, default=Path("gpu/cubin"))
     parser.add_argument("--arch", help="targets, or a list such as 80,86 (default: this GPU)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("CUPY_CACHE_IN_MEMORY", "0")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["CUPY_CACHE_DIR"] = cache
+        os.environ["CUPY_CACHE_IN_MEMORY"] = "0"
+        _build(args.out, args.arch, Path(cache))
+
+
+def _build(out: Path, arch: str | None, cache: Path) -> None:
     import cupy
     from cupy.cuda import nvrtc
 
@@ -106,16 +110,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     here = str(cupy.cuda.Device().compute_capability)
     device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / kernel.MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if manifest.get("source_sha256") != kernel.source_sha256():
         manifest = {"cubins": {}}  # builds of another source are dropped
     manifest["source_sha256"] = kernel.source_sha256()
-    for capability in architectures(args.arch, here):
+    for capability in architectures(arch, here):
         if capability == here:
-            cubin = _through_cupy_cache(cupy, kernel.SOURCE, kernel.KERNEL_NAME)
+            cubin = _through_cupy_cache(cupy, kernel.SOURCE, kernel.KERNEL_NAME, cache)
             how = device
         else:
             cubin = _through_nvrtc(nvrtc, kernel.SOURCE, kernel.KERNEL_NAME, capability)

@@ -11,6 +11,7 @@ optional window, then the cast.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import struct
 import warnings
@@ -157,4 +158,8 @@ def _files() -> tuple[list[Path], list[str]]:
     return found, unreadable
 
 
-SAMPLES, UNREADABLE = _files()  # the files with pixel data of pydicom and pydicom-data
+@functools.cache
+def pydicom_samples() -> tuple[list[Path], list[str]]:
+    """The files with pixel data of pydicom and pydicom-data, and the unreadable ones (found
+    once, when a test module asks: a machine without pydicom-data runs the others)."""
+    return _files()

@@ -27,7 +27,9 @@ from ingest.embedded.samples_compressed import compressed_ct_volume, compressed_
 from ingest.embedded.samples_slide import write_jpeg_slide
 from ingest.embedded.stack import Stack
 from tests import harness
-from tests.reference import SAMPLES, reference_array
+from tests.reference import pydicom_samples, reference_array
+
+SAMPLES, _ = pydicom_samples()
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -52,7 +52,9 @@ from ingest.dicom.codec import (
 from ingest.dicom.syntaxes import ENCAPSULATED_UNCOMPRESSED, EXPLICIT_VR_BE, NATIVE
 from ingest.errors import IngestError, MalformedDicom, UnsupportedDicom
 from tests.paths import DATA
-from tests.reference import SAMPLES, UNREADABLE
+from tests.reference import pydicom_samples
+
+SAMPLES, UNREADABLE = pydicom_samples()
 
 Array = npt.NDArray[Any]
 T = TypeVar("T")
@@ -799,6 +801,7 @@ from pydicom.encaps import generate_fragmented_frames
 from ingest.dicom.codec import decode_encapsulated
 from ingest.dicom.codec_read import codec_from_dataset
 from ingest.errors import IngestError
+
 for path in sys.argv[2:]:
     ds = pydicom.dcmread(path)
     uid = str(ds.file_meta.TransferSyntaxUID)
