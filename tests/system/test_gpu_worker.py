@@ -34,6 +34,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.timeout(300),
     pytest.mark.skipif(reason is not None, reason=f"no CUDA: {reason}"),
+    pytest.mark.usefixtures("aws_environment"),
 ]
 VOLUMES = DATA / "volume"
 
