@@ -147,9 +147,11 @@ def test_health_port_is_probed_and_scraped(config: dict[str, Any]) -> None:
         stop = int(service["stop_grace_period"].removesuffix("s"))
         assert stop > settings.shutdown_deadline_s  # the drain finishes before SIGKILL
         scraped = [
-            sd for job in jobs.values() for sd in job.get("dns_sd_configs", [])
+            sd
+            for job in jobs.values()
+            for sd in job.get("dns_sd_configs", [])
             if sd["names"] == [name]
-        ]  # fmt: skip
+        ]
         assert [(sd["port"], sd["type"]) for sd in scraped] == [(settings.health_port, "A")]
     assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in jobs.values())
     dcgm = jobs["dcgm"]["static_configs"][0]["targets"]
@@ -202,13 +204,19 @@ def test_dashboard_and_provisioning_name_only_what_exists(config: dict[str, Any]
     assert used <= exported_names(), used - exported_names()
     # the list: throughput, stage latencies, ring, retries, dead letters, lag, GPU
     for name in (
-        "dicom_ingest_objects_total", "dicom_ingest_source_bytes_total",
-        "dicom_ingest_stage_seconds_bucket", "dicom_ingest_ring_slots_in_use",
-        "dicom_ingest_ring_waits_total", "dicom_ingest_ranges_in_flight",
-        "dicom_ingest_retries_total", "dicom_ingest_dead_letters_total",
-        "dicom_ingest_consumer_lag", "dicom_ingest_commit_age_seconds",
-        "dicom_ingest_gpu_utilization_ratio", "dicom_ingest_gpu_memory_used_bytes",
-    ):  # fmt: skip
+        "dicom_ingest_objects_total",
+        "dicom_ingest_source_bytes_total",
+        "dicom_ingest_stage_seconds_bucket",
+        "dicom_ingest_ring_slots_in_use",
+        "dicom_ingest_ring_waits_total",
+        "dicom_ingest_ranges_in_flight",
+        "dicom_ingest_retries_total",
+        "dicom_ingest_dead_letters_total",
+        "dicom_ingest_consumer_lag",
+        "dicom_ingest_commit_age_seconds",
+        "dicom_ingest_gpu_utilization_ratio",
+        "dicom_ingest_gpu_memory_used_bytes",
+    ):
         assert name in used, name
 
 

@@ -171,7 +171,10 @@ def test_manifests_agree_with_the_worker() -> None:
     settings = load_settings(env)
     assert settings.device == "cuda"
     assert (settings.posture, settings.require_tls, settings.output_sse) == (
-        "production", True, "aws:kms")  # fmt: skip
+        "production",
+        True,
+        "aws:kms",
+    )
 
     pod = docs["Deployment"]["spec"]["template"]
     (container,) = pod["spec"]["containers"]

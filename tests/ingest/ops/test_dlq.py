@@ -65,8 +65,10 @@ async def test_replay_selects_publishes_once_and_the_fix_takes(stack: Stack) -> 
     started = datetime.now(UTC) - timedelta(seconds=1)
     run = await harness.run_worker(settings, stop_after=3)
     assert sorted(o.error.reason for o in run.outcomes if o.error) == [
-        "bad_notification", "not_dicom", "not_found",
-    ]  # fmt: skip
+        "bad_notification",
+        "not_dicom",
+        "not_found",
+    ]
     published = len(messages)
 
     # nothing selected: a time range before the failures, a prefix nothing has
@@ -94,8 +96,11 @@ async def test_replay_selects_publishes_once_and_the_fix_takes(stack: Stack) -> 
     assert headers[HEADER].decode().startswith(f"{names.dlq_topic}/0/")
     (ref,) = parse_notification(value).objects
     assert (ref.bucket, ref.key, ref.version_id, ref.etag) == (
-        names.source_bucket, "a/missing slice.dcm", None, None,
-    )  # fmt: skip
+        names.source_bucket,
+        "a/missing slice.dcm",
+        None,
+        None,
+    )
     markers = await read_all(settings, names.dlq_topic + ".replayed")
     assert [m.key for m in markers] == [headers[HEADER].decode().split("/", 1)[1].encode()]
 
