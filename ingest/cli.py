@@ -454,12 +454,12 @@ def _worker_command(args: argparse.Namespace) -> int:
     tty = settings.log_format == "auto" and sys.stderr.isatty()  # a person reads a terminal
     configure_logging(json=not (tty or settings.log_format == "console"))
     set_identity(worker=settings.worker_id)  # siblings share stderr: each line says whose
-    for connection in plaintext(settings):  # REQUIRE_TLS refuses these; say so at least
-        log.warning("plaintext connection", setting=connection)
     if args.parent_pid is not None and not die_with_parent(args.parent_pid):
         log.warning("parent gone before start; exiting", worker=settings.worker_id)
         return 0
     check_startup(settings)  # before the group join; the supervisor checks once for all
+    for connection in plaintext(settings):  # REQUIRE_TLS refuses these; say so at least
+        log.warning("plaintext connection", setting=connection)
     processes = args.processes
     if processes == "auto":
         processes = host_processes(settings.device, settings.part_size * settings.ring_slots, gpus)
