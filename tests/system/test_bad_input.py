@@ -529,7 +529,7 @@ def test_compressed_mutant_refused_or_decoded_as_pydicom(case: bad_inputs.Compre
 
 
 def test_compressed_refusals_name_the_syntax() -> None:
-    """Issue 20: what cannot be decoded is dead-lettered naming the transfer syntax."""
+    """What cannot be decoded is dead-lettered naming the transfer syntax."""
     cases = [c for c in IN_PROCESS if c.error is not None and c.bug is None]
     assert cases
     unnamed = []

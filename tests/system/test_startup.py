@@ -1,6 +1,6 @@
 """Start-up as users run it: ``dicom-ingest worker`` with the embedded stack's environment.
 
-Issue 22: a worker with default settings has its first object's output within
+A worker with default settings has its first object's output within
 3 s of its start on the embedded stack, and the group timing that the stack
 gives its workers (``GROUP_TIMING``: Tansu holds a join for half the session
 timeout) does not cost a healthy, busy worker its membership.

@@ -320,7 +320,7 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
 @pytest.mark.slow  # the bench's corpus run; the readers it uses run in the tests above
 @pytest.mark.timeout(240)
 async def test_the_corpus_against_the_plain_sequential_worker(stack: Stack, tmp_path: Path) -> None:
-    """Issue 22's 2-core comparison: samples of many kinds, CT slices and a large
+    """The 2-core comparison: samples of many kinds, CT slices and a large
     object, one worker process with the sink on against the plain worker, which
     reads every sample (pydicom and its plugins) and PUTs every output."""
     config = BenchConfig(
