@@ -65,7 +65,12 @@ from tests import bad_inputs, harness
 from tests.paths import ROOT
 from tests.reference import reference_array
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.timeout(150),
+    pytest.mark.usefixtures("aws_environment"),
+]
 
 RUN_TIMEOUT_S = 90.0
 EXTS = (".npy", ".json")  # the outputs of a processed object
@@ -85,13 +90,6 @@ KNOWN_STEPS = {
     "object:ranged-enc-frame-30-lies": "decode",
     "object:ranged-enc-delimiter-at-frame-20": "decode",
 }
-
-
-@pytest.fixture(autouse=True)
-def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker takes S3 credentials from the standard AWS variables, as botocore does."""
-    for name, value in stack.endpoints.environment().items():
-        monkeypatch.setenv(name, value)
 
 
 # -- what each published record should lead to -------------------------------------------

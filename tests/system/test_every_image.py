@@ -31,7 +31,12 @@ from tests.reference import pydicom_samples, reference_array
 
 SAMPLES, _ = pydicom_samples()
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.timeout(600),
+    pytest.mark.usefixtures("aws_environment"),
+]
 
 # file name -> what its dead-letter record's message must say: files pydicom itself
 # cannot decode (deliberately broken, or no image in them).
@@ -56,12 +61,6 @@ TWINS: dict[str, str] = {
     "OBXXXX1A_expb.dcm": "OBXXXX1A.dcm",
     "OBXXXX1A_expb_2frame.dcm": "OBXXXX1A_2frame.dcm",
 }
-
-
-@pytest.fixture(autouse=True)
-def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in stack.endpoints.environment().items():
-        monkeypatch.setenv(name, value)
 
 
 def _key(path: Path) -> str:

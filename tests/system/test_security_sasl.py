@@ -43,7 +43,7 @@ from ingest.source.kafka import client_security, make_producer, read_records
 from ingest.worker import Worker
 from tests import harness
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("aws_environment")]
 
 USER = "ingest"
 PASSWORD = "sasl-test-password-5f3a9c"  # given to `tansu user create` on its command line
@@ -93,13 +93,6 @@ def sasl_broker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield broker
     finally:
         broker.stop()
-
-
-@pytest.fixture(autouse=True)
-def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker takes S3 credentials from the standard AWS variables, as botocore does."""
-    for name, value in stack.endpoints.environment().items():
-        monkeypatch.setenv(name, value)
 
 
 class RawRecords(logging.Handler):

@@ -7,13 +7,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import botocore.session
 import pytest
-import structlog
 
 from ingest.audit.digest import DigestSigner
 from ingest.audit.keys import KmsKeys, context
@@ -35,14 +33,6 @@ from tests.trails import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def structlog_restored() -> Iterator[None]:
-    """``main`` configures logging (through ``cli``): the configuration is given back."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 @pytest.fixture

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import structlog
 
 from ingest.audit.keys import LocalKeyring, write_keyring
 from ingest.audit.store import read_audit_topic
@@ -24,21 +22,11 @@ from ingest.worker import Outcome, Worker
 from tests import harness
 from tests.trails import cli
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(autouse=True)
-def structlog_restored() -> Iterator[None]:
-    """``main`` configures logging (through ``cli``): the configuration is given back."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
-@pytest.fixture(autouse=True)
-def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in stack.endpoints.environment().items():
-        monkeypatch.setenv(name, value)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("aws_environment"),
+]
 
 
 async def prepared(stack: Stack, names: harness.Names, count: int) -> None:

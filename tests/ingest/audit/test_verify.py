@@ -10,14 +10,12 @@ import base64
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ingest.audit.cli import run_audit_command
@@ -60,14 +58,6 @@ from tests.trails import (
 )
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(autouse=True)
-def structlog_restored() -> Iterator[None]:
-    """``main`` configures logging (through ``cli``): the configuration is given back."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 class RoundTripPublisher(MemoryPublisher):

@@ -44,18 +44,13 @@ from ingest.embedded.samples_compressed import compressed_samples
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 
+pytestmark = pytest.mark.usefixtures("aws_environment")
+
 CPU_READERS = ("curl", "threads", "naive", "put-raw", "ours", "ours-hook")
 GPU_READERS = ("kvikio-raw", "kvikio")
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 # the worker's own ring, not the tests' (harness.py shrinks it)
 DEFAULT_RING = int(str(DEFAULTS["ring_slots"])) * int(str(DEFAULTS["part_size"]))
-
-
-@pytest.fixture(autouse=True)
-def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bench sets these for its worker; monkeypatch restores them afterwards."""
-    for name, value in stack.endpoints.environment().items():
-        monkeypatch.setenv(name, value)
 
 
 @pytest.mark.anyio

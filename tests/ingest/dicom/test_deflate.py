@@ -48,6 +48,8 @@ from tests.bad_inputs import DEFLATED, MIB, deflate_file, zeros
 from tests.harness import RSS_HEADROOM, PeakRss
 from tests.reference import reference_array
 
+pytestmark = pytest.mark.usefixtures("aws_environment")
+
 NAMED = re.escape(DEFLATED)
 PYDICOM_SAMPLES = (
     "CT_small.dcm",  # 16-bit signed, rescale
@@ -218,12 +220,6 @@ def test_inflated_header_bounds() -> None:
 
 
 # -- through the worker ---------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in stack.endpoints.environment().items():
-        monkeypatch.setenv(name, value)
 
 
 def good_objects() -> dict[str, bytes]:

@@ -52,7 +52,12 @@ from tests.faults import (
 )
 from tests.reference import reference_array
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.timeout(60),
+    pytest.mark.usefixtures("aws_environment"),
+]
 
 MAX_ATTEMPTS = 4
 READ_TIMEOUT_S = 1.0
@@ -62,13 +67,6 @@ PART = 64 * 1024
 
 # Faults injected over this module's run, by kind (printed at the end with -s / -rA).
 TOTALS: Counter[str] = Counter()
-
-
-@pytest.fixture(autouse=True)
-def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker takes S3 credentials from the standard AWS variables, as botocore does."""
-    for name, value in stack.endpoints.environment().items():
-        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(scope="module", autouse=True)

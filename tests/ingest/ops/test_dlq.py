@@ -22,13 +22,11 @@ from ingest.ops.dlq import HEADER, Selection, read_all, replay
 from ingest.source.notifications import parse_notification
 from tests import harness
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(autouse=True)
-def aws_environment(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in stack.endpoints.environment().items():
-        monkeypatch.setenv(name, value)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("aws_environment"),
+]
 
 
 async def source_records(stack: Stack, topic: str) -> list[tuple[bytes, dict[str, bytes]]]:
