@@ -39,14 +39,19 @@ pytestmark = [
 
 # "small-slots": the notifications tell the sizes, and with 2 MiB parts in 2 slots every
 # object fits a 1 MiB small slot, at most 4 at once (backpressure: 32 objects in flight).
+# "window" is slow: the window and float16 are the preprocessing's, tested in tests/gpu/.
 @pytest.mark.parametrize(
     ("window", "dtype", "ring"),
     [
-        (None, "float32", {}),
-        ((40.0, 400.0), "float16", {}),
-        (None, "float32", {"part_size": str(2 * 1024 * 1024), "ring_slots": "2"}),
+        pytest.param(None, "float32", {}, id="plain"),
+        pytest.param((40.0, 400.0), "float16", {}, id="window", marks=pytest.mark.slow),
+        pytest.param(
+            None,
+            "float32",
+            {"part_size": str(2 * 1024 * 1024), "ring_slots": "2"},
+            id="small-slots",
+        ),
     ],
-    ids=["plain", "window", "small-slots"],
 )
 async def test_outputs_sidecars_results_audit_and_dead_letters(
     stack: Stack, window: tuple[float, float] | None, dtype: str, ring: dict[str, str]
