@@ -120,7 +120,7 @@ def host_processes(device: str, ring_bytes: int, gpus: Sequence[str]) -> int:
     elif gpus:
         count = len(gpus)
     else:
-        from gpu.driver import device_count
+        from ingest_gpu.driver import device_count
 
         try:
             count = device_count()
@@ -495,8 +495,8 @@ def device_environment(
 
 def device_decodes(settings: Settings) -> bool:
     """The worker may decode frames on the device: not the CPU backend, ``gpu_decode=auto``
-    and nvImageCodec installed (``gpu.decode.nvimgcodec_unavailable_reason``, looked up
-    here without importing ``gpu``: NumPy's import would delay the group's join)."""
+    and nvImageCodec installed (``ingest_gpu.decode.nvimgcodec_unavailable_reason``, looked up
+    here without importing ``ingest_gpu``: NumPy's import would delay the group's join)."""
     if settings.device == "cpu" or settings.gpu_decode == "off":
         return False
     try:

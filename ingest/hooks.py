@@ -17,7 +17,7 @@ may keep it, or ``torch.from_dlpack(chunk.array)``, which shares its memory
 without a copy (``tests/system/test_device_hook.py`` runs both on CUDA). What a hook keeps
 stays in GPU memory until it lets go.
 
-The worker's own CUDA path does not use CuPy (``gpu/driver.py`` says why); a
+The worker's own CUDA path does not use CuPy (``gpu/ingest_gpu/driver.py`` says why); a
 hook on CUDA does, so the worker imports it at start-up when a hook is set
 (``enable_device_arrays``: CuPy's import is the larger part of a CUDA worker's
 resident memory before its ring), and refuses to start if it is missing.
@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpu.thread import DeviceThread
 from ingest.errors import ConfigError
+from ingest_gpu.thread import DeviceThread
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,6 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from anyio.abc import TaskGroup, TaskStatus
 
-from gpu.thread import DeviceThread
 from ingest.audit.publish import AuditPublisher, open_audit
 from ingest.device.stage import DeviceStage
 from ingest.dicom.decoders import DecodePool
@@ -75,6 +74,7 @@ from ingest.source.notifications import (
     parse_notification,
 )
 from ingest.source.offsets import Partition
+from ingest_gpu.thread import DeviceThread
 
 log = structlog.get_logger("dicom_ingest.worker")
 CLOSE_TIMEOUT_S = 10.0

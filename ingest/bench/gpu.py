@@ -9,7 +9,7 @@ device or KvikIO is not installed; nothing is imported at module import time.
   ``part``-byte tasks.
 - ``kvikio``: the same reads, then per object the header is parsed from a
   device-to-host copy of its prefix (``ingest.dicom.parse.parse_header``) and the
-  Pixel Data is preprocessed on the device with ``gpu.preprocess.preprocess_cupy``
+  Pixel Data is preprocessed on the device with ``ingest_gpu.preprocess.preprocess_cupy``
   (the same kernel as ours). Results stay on the device, as a user hook would
   take them.
 - ``pinned_copy_rate``: a plain ``cudaMemcpyAsync`` from one pinned host buffer
@@ -32,7 +32,7 @@ HEADER_PREFIX = 64 * 1024  # grown while the parser asks for more
 
 def gpu_name() -> str | None:
     """The first CUDA device's name, or None without a usable CUDA device."""
-    from gpu.thread import cuda_unavailable_reason
+    from ingest_gpu.thread import cuda_unavailable_reason
 
     if cuda_unavailable_reason() is not None:
         return None
@@ -44,7 +44,7 @@ def gpu_name() -> str | None:
 
 
 def cuda_missing() -> str | None:
-    from gpu.thread import cuda_unavailable_reason
+    from ingest_gpu.thread import cuda_unavailable_reason
 
     return cuda_unavailable_reason()
 
@@ -167,8 +167,8 @@ class KvikioReader:
     def _process(self, offset: int, size: int) -> int:
         import cupy
 
-        from gpu.preprocess import preprocess_cupy
         from ingest.dicom.parse import DicomHeader, parse_header
+        from ingest_gpu.preprocess import preprocess_cupy
 
         view = self._device[offset : offset + size]
         length = min(size, HEADER_PREFIX)

@@ -51,12 +51,12 @@ from typing import Any
 import anyio
 from aiokafka import AIOKafkaProducer
 
-from gpu.thread import ChunkJob, ChunkResult
 from ingest.bench.measure import Meter, percentile, summarize
 from ingest.bench.workloads import BenchObject
 from ingest.hooks import HookChunk
 from ingest.settings import Settings
 from ingest.worker import Outcome, Worker
+from ingest_gpu.thread import ChunkJob, ChunkResult
 
 ALLOCATION_COUNTERS = (
     "pinned_allocations",

@@ -27,7 +27,7 @@ same settings as ``ours`` (``--set``) decide the part size, parts in flight, PUT
 threads, ``output_dtype`` and server-side encryption headers.
 
 The values are the object's own: its first frames' output (at most ``SAMPLE_BYTES``),
-computed in ``prepare`` by the worker's NumPy twin (``gpu.preprocess.preprocess_numpy``)
+computed in ``prepare`` by the worker's NumPy twin (``ingest_gpu.preprocess.preprocess_numpy``)
 from its stored samples (a compressed object's, a slide's tiles, decoded first as
 the worker's CPU path decodes them), and repeated over the rest of a larger array; past
 ``SAMPLE_BUDGET`` of them in all, objects reuse earlier objects' values. They matter:
@@ -51,7 +51,6 @@ import numpy as np
 from botocore.utils import percent_encode
 from pydicom.encaps import generate_frames
 
-from gpu.preprocess import preprocess_numpy
 from ingest.bench.readers import ReaderSkipped
 from ingest.bench.workloads import S3Target, Workload
 from ingest.dicom.codec import decode_encapsulated
@@ -65,6 +64,7 @@ from ingest.settings import Settings
 from ingest.sink.output import NPY_TYPE, npy_header, output_dtype, output_part_size, sse
 from ingest.sink.records import Processed, Timings, sidecar
 from ingest.source.notifications import ObjectRef
+from ingest_gpu.preprocess import preprocess_numpy
 
 PREFIX = "put-raw/"
 SAMPLE_BYTES = 64 * 1024 * 1024  # output values computed per object, at most

@@ -2,7 +2,7 @@
 
 Object tasks call ``DeviceStage.process(job)``; the stage gathers requests from
 a bounded memory stream into batches, hands each batch to
-``gpu.thread.DeviceThread`` and resolves every request when the batch's
+``ingest_gpu.thread.DeviceThread`` and resolves every request when the batch's
 ``concurrent.futures.Future`` completes. Two batches may be in flight so the
 device thread always has the next one queued while the loop waits.
 
@@ -10,7 +10,7 @@ A batch leaves as soon as the thread can take it (fewer than two in flight),
 with every request queued by then, up to ``batch_max_objects`` chunks and
 ``batch_max_bytes`` of their source bytes (a larger chunk goes alone): batches
 fill while the device is busy, and an idle device gets a lone chunk at once.
-The byte bound is the device arenas' bound (``gpu/transfer.py``: they grow to
+The byte bound is the device arenas' bound (``gpu/ingest_gpu/transfer.py``: they grow to
 a batch's size, to a power of two): without it a large object's four 32 MiB
 chunks and a CT slice in one batch would grow the input arena from 128 to 256 MiB
 in the middle of a run. A fixed wait after the first request (``batch_wait_ms``,
@@ -28,12 +28,12 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from gpu.decode import nvimgcodec_unavailable_reason
-from gpu.jobs import arena_nbytes, consume
-from gpu.thread import ChunkJob, ChunkResult, DeviceThread
 from ingest import metrics
 from ingest.errors import ProcessingError
 from ingest.settings import Settings
+from ingest_gpu.decode import nvimgcodec_unavailable_reason
+from ingest_gpu.jobs import arena_nbytes, consume
+from ingest_gpu.thread import ChunkJob, ChunkResult, DeviceThread
 
 BATCHES_IN_FLIGHT = 2
 
@@ -80,7 +80,7 @@ class DeviceStage:
         self._in_flight = anyio.Semaphore(BATCHES_IN_FLIGHT)
         self.batches = 0
         self.jobs = 0
-        # frames go to the device's decoder (gpu.decode) only where it can run
+        # frames go to the device's decoder (ingest_gpu.decode) only where it can run
         self.decodes = (
             settings.gpu_decode == "auto"
             and thread.backend == "cuda"

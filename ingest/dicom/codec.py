@@ -42,7 +42,6 @@ from pydicom.pixels.decoders.base import get_decoder
 from pydicom.pixels.utils import _get_jpg_parameters
 from pydicom.uid import JPEGBaseline8Bit
 
-from gpu.formats import PixelFormat
 from ingest.dicom.codec_luts import Array, Lut, apply_lut, apply_palette
 from ingest.dicom.codec_read import (
     Codec,
@@ -61,6 +60,7 @@ from ingest.dicom.syntaxes import (
     SYNTAXES,
 )
 from ingest.errors import MalformedDicom, UnsupportedDicom
+from ingest_gpu.formats import PixelFormat
 
 __all__ = [
     "Codec",

@@ -11,7 +11,7 @@ compressed samples:
   codestream's markers to decide whether it holds YCbCr, which nvImageCodec
   does not do the same way.
 - JPEG Lossless SV1 is not sent: nvJPEG's lossless decoder decodes it into
-  its own buffers, but into the caller's (``gpu.decode``) it wrote out of bounds
+  its own buffers, but into the caller's (``ingest_gpu.decode``) it wrote out of bounds
   on a 128 x 96 slice (CUDA error 700). JPEG Lossless with another predictor,
   JPEG Extended (12-bit), JPEG-LS and RLE have no device decoder.
 - HTJ2K Lossless (and RPCL): monochrome, RGB as stored, YBR_ICT / YBR_RCT
@@ -33,7 +33,7 @@ compressed samples:
 Palette colour and the Modality LUT Sequence are table look-ups pydicom applies
 after decoding: those objects stay on the CPU path. The device output is the
 decoded sample in 8 or 16 bits; Bits Stored masking and sign extension are the
-kernel's, as for stored samples (``gpu.formats.PixelFormat``).
+kernel's, as for stored samples (``ingest_gpu.formats.PixelFormat``).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from typing import Final
 
 from pydicom.uid import JPEGBaseline8Bit
 
-from gpu.decode import Colour
-from gpu.formats import PixelFormat
 from ingest.dicom.codec_read import Codec
 from ingest.dicom.syntaxes import J2K_CODESTREAMS, SYNTAXES
+from ingest_gpu.decode import Colour
+from ingest_gpu.formats import PixelFormat
 
 # where nvImageCodec's result is pydicom's (exact, or within the lossy bound)
 MATCHING_SYNTAXES: Final = frozenset(uid for uid, s in SYNTAXES.items() if s.device)

@@ -13,7 +13,7 @@ items, as compressed syntaxes do:
 Each frame is its own fragment, uncompressed, so frame k's samples start at
 ``first item + 8 + k * pitch`` with ``pitch = 8 + frame bytes (+ pad)``: the
 pixels stay where a ranged GET can put them straight into a ring slot, and the
-device copy leaves the 8 bytes between frames behind (``gpu.transfer``).
+device copy leaves the 8 bytes between frames behind (``ingest_gpu.transfer``).
 
 ``chunk_fragments`` plans the reads as ``planning.chunk_pixels`` does for native
 Pixel Data (whole frames per chunk when a frame fits), and each chunk carries
@@ -26,10 +26,10 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from gpu.formats import PixelFormat
 from ingest.dicom.syntaxes import ENCAPSULATED_UNCOMPRESSED as ENCAPSULATED_UNCOMPRESSED
 from ingest.errors import LimitExceeded, MalformedDicom
 from ingest.fetch.planning import ByteRange, PixelChunk
+from ingest_gpu.formats import PixelFormat
 
 ITEM_HEADER: Final = 8  # a tag and a 32-bit length
 _ITEM: Final = struct.Struct("<HHI")

@@ -14,7 +14,6 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpu.formats import OutDtype, PixelFormat, Transform
 from ingest.dicom.codec import Codec
 from ingest.dicom.fragments import (
     ITEM_HEADER,
@@ -28,6 +27,7 @@ from ingest.dicom.image_pixel import ImagePixel, Values
 from ingest.dicom.slide import Slide, slide_of
 from ingest.dicom.syntaxes import NATIVE_LE
 from ingest.errors import LimitExceeded, MalformedDicom, NotDicom
+from ingest_gpu.formats import OutDtype, PixelFormat, Transform
 
 SUPPORTED_TRANSFER_SYNTAXES: Final = NATIVE_LE  # what the direct reader and the ring path take
 

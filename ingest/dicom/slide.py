@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpu.formats import PixelFormat
 from ingest.dicom.geometry import numbers_of
 from ingest.errors import MalformedDicom
+from ingest_gpu.formats import PixelFormat
 
 
 class _Values(Protocol):

@@ -121,7 +121,7 @@ def reader_name(settings: Settings) -> str:
         return settings.file_reader
     if settings.device == "cpu" or importlib.util.find_spec("kvikio") is None:
         return "posix"
-    from gpu.thread import cuda_unavailable_reason
+    from ingest_gpu.thread import cuda_unavailable_reason
 
     return "posix" if cuda_unavailable_reason() is not None else "kvikio"
 

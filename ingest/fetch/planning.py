@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu.formats import PixelFormat
 from ingest.errors import LimitExceeded
+from ingest_gpu.formats import PixelFormat
 
 # A large object's first GET: one small ring slot. Enhanced multi-frame headers grow
 # with their per-frame functional groups (~95 bytes a frame: 8,190 frames end at

@@ -38,7 +38,7 @@ SMALL_SLOT_SIZE = 1024 * 1024  # a 512x512 16-bit slice and its header fit
 
 
 class HostMemory(Protocol):
-    """What the ring needs from an allocation (``gpu.memory.HostBuffer`` fits)."""
+    """What the ring needs from an allocation (``ingest_gpu.memory.HostBuffer`` fits)."""
 
     @property
     def view(self) -> memoryview: ...

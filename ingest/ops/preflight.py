@@ -42,7 +42,7 @@ def check_startup(settings: Settings) -> None:
         load_signing_key(settings.audit_signing_key_file)
     cuda = settings.device == "cuda"
     if cuda:
-        from gpu.thread import cuda_unavailable_reason
+        from ingest_gpu.thread import cuda_unavailable_reason
 
         why = cuda_unavailable_reason()
         if why is not None:

@@ -30,8 +30,6 @@ import numpy.typing as npt
 from anyio.abc import TaskGroup
 from pydicom.encaps import generate_frames
 
-from gpu.decode import DeviceDecodeError, Parsed
-from gpu.thread import ChunkResult
 from ingest.dicom.codec_read import syntax_name
 from ingest.dicom.device_codecs import device_colour
 from ingest.dicom.header import DicomHeader
@@ -48,6 +46,8 @@ from ingest.pipeline.jobs import (
     object_reads,
 )
 from ingest.sink.output import output_dtype
+from ingest_gpu.decode import DeviceDecodeError, Parsed
+from ingest_gpu.thread import ChunkResult
 
 # A group of frames: one decode task and one device chunk. Its decoded values and its
 # output (float32: four times 8-bit values) each stay within this.
@@ -154,7 +154,7 @@ def compressed_step(
     (``device_codecs``), else, or when the device refuses them, on the CPU.
 
     ``parsed``: the frames' codestreams as the splitting thread parsed them
-    (``gpu.decode.parse_each``); a group with a frame refused there goes to the CPU,
+    (``ingest_gpu.decode.parse_each``); a group with a frame refused there goes to the CPU,
     and without them the device thread parses. ``hold``, for frames that are views of
     ring slots, keeps them for the device job (the step's caller keeps them while the
     step runs) and gives the release that the job's ``on_consumed`` calls.

@@ -19,8 +19,6 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from gpu.decode import EncodedFrames
-from gpu.thread import ChunkJob, ChunkResult
 from ingest.device.stage import DeviceStage
 from ingest.dicom.decoders import DecodePool
 from ingest.dicom.device_codecs import device_colour, device_format
@@ -38,6 +36,8 @@ from ingest.settings import Settings
 from ingest.sink.output import MIN_PART, OutputSink, output_dtype
 from ingest.sink.records import Timings
 from ingest.source.notifications import ObjectRef
+from ingest_gpu.decode import EncodedFrames
+from ingest_gpu.thread import ChunkJob, ChunkResult
 
 # How a large object's Pixel Data goes to the device: chunks of how many source bytes,
 # and how many of them in flight (submitted, results not yet taken). When the results
@@ -182,7 +182,7 @@ def encoded_job(
     first_frame: int,
 ) -> ChunkJob:
     """The device job that decodes ``frames`` (codestreams, from frame ``first_frame`` on)
-    on the device and preprocesses them (``gpu.decode``); the caller checked
+    on the device and preprocesses them (``ingest_gpu.decode``); the caller checked
     ``device_colour``."""
     codec = header.codec
     assert codec is not None

@@ -16,7 +16,6 @@ from collections import deque
 
 import anyio
 
-from gpu.thread import ChunkResult
 from ingest.dicom.parse import DicomHeader, parse_header
 from ingest.dicom.syntaxes import is_compressed
 from ingest.errors import LimitExceeded, MalformedDicom
@@ -39,6 +38,7 @@ from ingest.pipeline.streamed import decode_streamed
 from ingest.settings import Settings
 from ingest.sink.output import ArrayWriter, DiscardWriter, output_dtype
 from ingest.sink.records import Timings
+from ingest_gpu.thread import ChunkResult
 
 # A header longer than the probe: the prefix grows at least this many times over per
 # GET (each is a round trip before the first range; the object is larger than a part).

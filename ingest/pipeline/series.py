@@ -40,7 +40,6 @@ import numpy as np
 import structlog
 from anyio.abc import TaskStatus
 
-from gpu.thread import DeviceThread
 from ingest.errors import IngestError, ProcessingError, SinkError
 from ingest.hooks import HookSlab, SeriesHook
 from ingest.settings import Settings
@@ -53,6 +52,7 @@ from ingest.sink.series import (
     member_of,
     plan_volume,
 )
+from ingest_gpu.thread import DeviceThread
 
 log = structlog.get_logger("ingest.series")
 

@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterable
 
 import anyio
 
-from gpu.decode import DeviceDecodeError, Parsed, parse_each
-from gpu.thread import ChunkResult
 from ingest.dicom.codec_read import syntax_name
 from ingest.dicom.device_codecs import device_colour, device_format
 from ingest.dicom.encapsulated import FrameSplitter, value_ranges
@@ -52,6 +50,8 @@ from ingest.pipeline.decoded import (
     results_to_host,
 )
 from ingest.pipeline.jobs import Context, Located, object_reads
+from ingest_gpu.decode import DeviceDecodeError, Parsed, parse_each
+from ingest_gpu.thread import ChunkResult
 
 
 async def decode_streamed(

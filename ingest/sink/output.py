@@ -26,13 +26,13 @@ import anyio
 import numpy as np
 from anyio.abc import TaskGroup
 
-from gpu.formats import OutDtype
-from gpu.preprocess import narrowest_exact
 from ingest.dicom.header import DicomHeader
 from ingest.errors import ObjectNotFound, SinkError
 from ingest.fetch.s3 import S3Source, translate_s3_error
 from ingest.retry import with_retries
 from ingest.settings import Settings
+from ingest_gpu.formats import OutDtype
+from ingest_gpu.preprocess import narrowest_exact
 
 MIN_PART = 8 * 1024 * 1024
 MAX_PARTS = 10_000  # S3's limit per multipart upload
@@ -53,7 +53,7 @@ def output_part_size(total: int) -> int:
 
 def output_dtype(settings: Settings, header: DicomHeader) -> OutDtype:
     """The dtype of one object's output: ``OUTPUT_DTYPE``, or with ``exact`` the narrowest
-    that holds this object's values exactly (``gpu.preprocess.narrowest_exact``).
+    that holds this object's values exactly (``ingest_gpu.preprocess.narrowest_exact``).
 
     Raises:
         RuntimeError: ``exact`` for a header whose per-frame rescale values are not

@@ -1,8 +1,8 @@
-"""The kernel build the package ships (``gpu/cubin/``) is a build of today's kernel source.
+"""The kernel build the package ships (``gpu/ingest_gpu/cubin/``) is one of today's source.
 
-``gpu.kernel`` would quietly fall back to NVRTC for a stale build; this test
+``ingest_gpu.kernel`` would quietly fall back to NVRTC for a stale build; this test
 says so on any machine, without a GPU, so a kernel change comes with a new
-build (``python -m gpu.build_cubin gpu/cubin`` on the GPU machine).
+build (``python -m ingest_gpu.build_cubin gpu/cubin`` on the GPU machine).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from importlib import resources
 
 import pytest
 
-from gpu import kernel
+from ingest_gpu import kernel
 
 
 def test_the_shipped_cubins_are_built_from_the_current_source() -> None:
     folder = resources.files(kernel.CUBIN_PACKAGE)
     manifest = json.loads(folder.joinpath(kernel.MANIFEST).read_text())
     assert manifest["source_sha256"] == kernel.source_sha256(), (
-        "gpu/kernel.py changed since gpu/cubin was built: rebuild it on the GPU machine"
+        "gpu/ingest_gpu/kernel.py changed since gpu/cubin was built: rebuild it on the GPU machine"
     )
     assert manifest["cubins"], "no architecture is shipped"
     for capability, name in manifest["cubins"].items():
@@ -33,9 +33,9 @@ def test_no_cubin_for_an_architecture_not_shipped() -> None:
 
 
 def test_the_build_names_the_architectures_hospitals_run() -> None:
-    """``python -m gpu.build_cubin --arch targets`` builds T4, A100, A10/A40, L4/L40S and
+    """``python -m ingest_gpu.build_cubin --arch targets`` builds T4, A100, A10/A40, L4/L40S and
     H100/H200 (the build itself runs on the GPU machine); a list is taken as given."""
-    from gpu.build_cubin import TARGETS, architectures
+    from ingest_gpu.build_cubin import TARGETS, architectures
 
     assert TARGETS == ("75", "80", "86", "89", "90")
     assert architectures(None, "90") == ["90"]

@@ -1,4 +1,4 @@
-"""Frames decoded on the device (nvImageCodec, ``gpu.decode``) against the CPU path.
+"""Frames decoded on the device (nvImageCodec, ``ingest_gpu.decode``) against the CPU path.
 
 Runs on the device machine (``pytest -m gpu``); skipped without CUDA or
 nvImageCodec. Every compressed file that ships with pydicom and that nvImageCodec
@@ -27,15 +27,15 @@ import pytest
 from pydicom import dcmread
 from pydicom.encaps import generate_frames
 
-from gpu.decode import DeviceDecodeError, EncodedFrames, nvimgcodec_unavailable_reason, parse
-from gpu.formats import Transform
-from gpu.preprocess import preprocess_numpy
-from gpu.thread import ChunkJob, ChunkResult, DeviceThread, cuda_unavailable_reason
 from ingest.dicom.codec import Codec, codec_from_dataset, decode_encapsulated, decoded_format
 from ingest.dicom.device_codecs import MATCHING_SYNTAXES, device_format, matching_colour
 from ingest.dicom.syntaxes import LOSSLESS
 from ingest.embedded.samples_compressed import jpeg_baseline
 from ingest.embedded.samples_slide import jpeg_slide_bytes
+from ingest_gpu.decode import DeviceDecodeError, EncodedFrames, nvimgcodec_unavailable_reason, parse
+from ingest_gpu.formats import Transform
+from ingest_gpu.preprocess import preprocess_numpy
+from ingest_gpu.thread import ChunkJob, ChunkResult, DeviceThread, cuda_unavailable_reason
 from tests.paths import DATA
 from tests.reference import psnr
 

@@ -21,12 +21,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from gpu import kernel
-from gpu.formats import PixelFormat, Transform
-from gpu.jobs import ChunkJob, ChunkResult
-from gpu.memory import ALIGNMENT, COUNTERS
-from gpu.preprocess import narrowest_exact, preprocess_cupy, preprocess_numpy
-from gpu.thread import DeviceThread
+from ingest_gpu import kernel
+from ingest_gpu.formats import PixelFormat, Transform
+from ingest_gpu.jobs import ChunkJob, ChunkResult
+from ingest_gpu.memory import ALIGNMENT, COUNTERS
+from ingest_gpu.preprocess import narrowest_exact, preprocess_cupy, preprocess_numpy
+from ingest_gpu.thread import DeviceThread
 
 pytestmark = pytest.mark.gpu
 
@@ -325,10 +325,10 @@ def test_the_kernel_is_the_shipped_build_and_nvrtc_stays_unloaded() -> None:
     if kernel.shipped_cubin(capability) is None:
         pytest.skip(f"no shipped cubin for sm_{capability}")
     probe = (
-        "from gpu.thread import DeviceThread\n"
-        "from gpu import kernel\n"
-        "from gpu.formats import PixelFormat, Transform\n"
-        "from gpu.jobs import ChunkJob\n"
+        "from ingest_gpu.thread import DeviceThread\n"
+        "from ingest_gpu import kernel\n"
+        "from ingest_gpu.formats import PixelFormat, Transform\n"
+        "from ingest_gpu.jobs import ChunkJob\n"
         "fmt = PixelFormat(512, 512, 1, 1, 16, 12, True, False)\n"
         "job = ChunkJob(memoryview(bytes(fmt.total_bytes)), fmt, Transform(), 0, lambda: None)\n"
         "with DeviceThread('cuda') as device:\n"
@@ -474,8 +474,8 @@ def test_h2d_throughput_report() -> None:
 
 
 def test_enqueue_copies_both_ways_and_times_them_with_events() -> None:
-    from gpu import driver
-    from gpu.enqueue import Enqueue
+    from ingest_gpu import driver
+    from ingest_gpu.enqueue import Enqueue
 
     context = driver.primary_context(0)
     issue = Enqueue()
@@ -501,7 +501,7 @@ def test_enqueue_copies_both_ways_and_times_them_with_events() -> None:
 
 
 def test_driver_errors_name_the_call_and_out_of_memory_is_a_memory_error() -> None:
-    from gpu import driver
+    from ingest_gpu import driver
 
     context = driver.primary_context(0)
     cubin = kernel.shipped_cubin(context.compute_capability)

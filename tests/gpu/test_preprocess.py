@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpu.preprocess
-from gpu.formats import PixelFormat, Transform
-from gpu.preprocess import plan_chunk, preprocess_numpy
+import ingest_gpu.preprocess
+from ingest_gpu.formats import PixelFormat, Transform
+from ingest_gpu.preprocess import plan_chunk, preprocess_numpy
 
 
 def reference(raw: bytes, fmt: PixelFormat, transform: Transform) -> npt.NDArray[Any]:
@@ -115,13 +115,13 @@ def cases(draw: st.DrawFn) -> tuple[PixelFormat, Transform, bytes, list[int]]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(case=cases(), block=st.sampled_from([3, 7, 64, gpu.preprocess.BLOCK_ELEMENTS]))
+@given(case=cases(), block=st.sampled_from([3, 7, 64, ingest_gpu.preprocess.BLOCK_ELEMENTS]))
 def test_matches_reference_and_splits_concatenate(
     case: tuple[PixelFormat, Transform, bytes, list[int]], block: int
 ) -> None:
     fmt, transform, raw, cuts = case
     want = reference(raw, fmt, transform)
-    with mock.patch.object(gpu.preprocess, "BLOCK_ELEMENTS", block):
+    with mock.patch.object(ingest_gpu.preprocess, "BLOCK_ELEMENTS", block):
         assert_identical(run(raw, fmt, transform), want)
         size = fmt.itemsize
         parts = [
@@ -311,14 +311,14 @@ def dyadic_cases(draw: st.DrawFn) -> tuple[PixelFormat, Transform, bytes]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(case=dyadic_cases(), block=st.sampled_from([3, 64, gpu.preprocess.BLOCK_ELEMENTS]))
+@given(case=dyadic_cases(), block=st.sampled_from([3, 64, ingest_gpu.preprocess.BLOCK_ELEMENTS]))
 def test_the_float32_path_gives_the_float64_paths_bits(
     case: tuple[PixelFormat, Transform, bytes], block: int
 ) -> None:
     fmt, transform, raw = case
-    with mock.patch.object(gpu.preprocess, "BLOCK_ELEMENTS", block):
+    with mock.patch.object(ingest_gpu.preprocess, "BLOCK_ELEMENTS", block):
         fast = run(raw, fmt, transform)
-        with mock.patch.object(gpu.preprocess, "exact_in_float32", return_value=False):
+        with mock.patch.object(ingest_gpu.preprocess, "exact_in_float32", return_value=False):
             slow = run(raw, fmt, transform)
     assert_identical(fast, slow)
     assert_identical(fast, reference(raw, fmt, transform))
@@ -348,7 +348,7 @@ def test_which_chunks_take_the_float32_path(
     fmt = PixelFormat(2, 2, len(slopes), 1, bits[0], bits[1], True, False)
     transform = Transform(slopes, intercepts, True, window)
     plan = plan_chunk(fmt.total_bytes, fmt, transform, 0)
-    assert gpu.preprocess.exact_in_float32(plan) is exact
+    assert ingest_gpu.preprocess.exact_in_float32(plan) is exact
     raw = np.random.default_rng(3).bytes(fmt.total_bytes)
     assert_identical(run(raw, fmt, transform), reference(raw, fmt, transform))
 
@@ -397,7 +397,7 @@ def test_which_chunks_take_the_float32_path(
 def test_narrowest_exact_holds_every_value_exactly(
     fmt: PixelFormat, transform: Transform, expected: str
 ) -> None:
-    chosen = gpu.preprocess.narrowest_exact(fmt, transform)
+    chosen = ingest_gpu.preprocess.narrowest_exact(fmt, transform)
     assert chosen == expected
     rng = np.random.default_rng(7)
     raw = rng.integers(0, 256, fmt.total_bytes, dtype=np.uint8)

@@ -10,11 +10,11 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from gpu.formats import PixelFormat, Transform
-from gpu.jobs import ChunkJob, ChunkResult
-from gpu.memory import ALIGNMENT, COUNTERS, alloc_host
-from gpu.preprocess import preprocess_numpy
-from gpu.thread import DeviceThread, cuda_unavailable_reason
+from ingest_gpu.formats import PixelFormat, Transform
+from ingest_gpu.jobs import ChunkJob, ChunkResult
+from ingest_gpu.memory import ALIGNMENT, COUNTERS, alloc_host
+from ingest_gpu.preprocess import preprocess_numpy
+from ingest_gpu.thread import DeviceThread, cuda_unavailable_reason
 
 CT = PixelFormat(8, 8, 3, 1, 16, 12, True, False)
 RGB = PixelFormat(4, 4, 2, 3, 8, 8, False, True)
@@ -167,7 +167,7 @@ def test_cuda_without_cuda_is_a_clear_error() -> None:
 
 
 def test_no_driver_library_is_named_as_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu import driver
+    from ingest_gpu import driver
 
     def missing() -> int:
         raise OSError("libcuda.so.1: cannot open shared object file")
@@ -232,7 +232,7 @@ def test_a_failed_set_up_fails_what_was_queued_behind_it(monkeypatch: pytest.Mon
     def broken() -> None:
         raise OSError("no device here")
 
-    monkeypatch.setattr("gpu.thread.CpuRunner", broken)
+    monkeypatch.setattr("ingest_gpu.thread.CpuRunner", broken)
     device = DeviceThread("cpu")
     try:
         ready = device.launch()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu.thread import DeviceThread
 from ingest.errors import ConfigError
 from ingest.hooks import enable_device_arrays, load_hook
+from ingest_gpu.thread import DeviceThread
 from tests import hook_probe
 
 

@@ -20,7 +20,6 @@ from aiohttp import ClientSession
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu.thread import cuda_unavailable_reason
 from ingest import metrics
 from ingest.embedded.samples import (
     example_bytes,
@@ -34,6 +33,7 @@ from ingest.logs import package_version
 from ingest.retry import with_retries
 from ingest.settings import load_settings
 from ingest.worker import Outcome, Worker
+from ingest_gpu.thread import cuda_unavailable_reason
 from tests import harness
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

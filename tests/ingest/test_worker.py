@@ -212,7 +212,7 @@ async def test_a_device_that_cannot_be_set_up_fails_the_start_with_its_own_error
     def broken() -> None:
         raise OSError("no device here")
 
-    monkeypatch.setattr("gpu.thread.CpuRunner", broken)
+    monkeypatch.setattr("ingest_gpu.thread.CpuRunner", broken)
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     with anyio.fail_after(60), pytest.raises(OSError, match="no device here"):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from botocore.utils import calculate_tree_hash
 
-from gpu.thread import cuda_unavailable_reason
 from ingest.embedded.samples import synthetic_ct_series, synthetic_multiframe
 from ingest.embedded.stack import Stack
+from ingest_gpu.thread import cuda_unavailable_reason
 from tests import harness, hook_probe
 from tests.reference import reference_array
 

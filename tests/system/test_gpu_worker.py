@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from pydicom import dcmread
 
-from gpu.decode import nvimgcodec_unavailable_reason
-from gpu.thread import cuda_unavailable_reason
 from ingest.dicom.device_codecs import MIN_DEVICE_J2K_FRAMES
 from ingest.dicom.syntaxes import SYNTAXES
 from ingest.embedded.samples import EXAMPLES_DECODED, example_bytes
 from ingest.embedded.samples_compressed import ct_volume
 from ingest.embedded.samples_slide import write_jpeg_slide
 from ingest.embedded.stack import Stack
+from ingest_gpu.decode import nvimgcodec_unavailable_reason
+from ingest_gpu.thread import cuda_unavailable_reason
 from tests import harness
 from tests.paths import DATA
 from tests.reference import psnr, reference_array

@@ -6,7 +6,7 @@ is hidden behind the copies still running. A worker's copy is timed by the
 events on either side of it; when the stream is idle (the sink's two 8 MiB
 chunks in flight often leave it so), that interval also holds the time from the
 first event until the copy reaches the DMA engine. This prints both rates for
-each size, issued through ``gpu.driver`` as the worker's copies are.
+each size, issued through ``ingest_gpu.driver`` as the worker's copies are.
 ``--copy-threads N`` runs N threads copying
 64 MiB host arrays meanwhile (NumPy releases the GIL), the kind of host memory
 traffic a sink-mode worker makes while its copies run (its results leaving
@@ -29,8 +29,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from gpu import driver
-from gpu.enqueue import Enqueue
+from ingest_gpu import driver
+from ingest_gpu.enqueue import Enqueue
 
 COPIES = 32
 MiB = 1 << 20

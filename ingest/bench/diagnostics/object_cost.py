@@ -77,7 +77,7 @@ def time_device_decodes() -> None:
     """Record every ``NvDecoder.decode`` (the device thread's batched decode): when and how
     many frames, to tell a starved decoder from a busy one."""
     try:
-        from gpu.decode import NvDecoder
+        from ingest_gpu.decode import NvDecoder
     except ImportError:
         return
     decode = NvDecoder.decode

@@ -68,7 +68,7 @@ def main() -> None:
         return cupy
 
     def start_device() -> object:
-        from gpu.thread import DeviceThread
+        from ingest_gpu.thread import DeviceThread
 
         thread = DeviceThread(device)  # type: ignore[arg-type]
         thread.start()
@@ -76,8 +76,8 @@ def main() -> None:
         return thread
 
     def allocate_ring() -> object:
-        from gpu.thread import DeviceThread
         from ingest.settings import Settings
+        from ingest_gpu.thread import DeviceThread
 
         defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
         part_size, slots = defaults["part_size"], defaults["ring_slots"]

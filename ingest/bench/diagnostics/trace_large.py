@@ -42,9 +42,6 @@ from typing import Any
 import anyio
 from aiokafka import AIOKafkaProducer
 
-from gpu import jobs
-from gpu.jobs import ChunkJob, ChunkResult, consume
-from gpu.thread import DeviceThread, cuda_unavailable_reason
 from ingest.bench.diagnostics.startup import notification
 from ingest.bench.workloads import S3Target
 from ingest.device import stage as device
@@ -56,6 +53,9 @@ from ingest.fetch.http_answer import Answer
 from ingest.pipeline import jobs as object_jobs
 from ingest.settings import Settings, load_settings
 from ingest.worker import Outcome, Worker
+from ingest_gpu import jobs
+from ingest_gpu.jobs import ChunkJob, ChunkResult, consume
+from ingest_gpu.thread import DeviceThread, cuda_unavailable_reason
 
 Event = tuple[str, float, float, int]  # kind, start, end, size (bytes or batch length)
 EVENTS: list[Event] = []
@@ -125,7 +125,7 @@ def instrument() -> None:
 
     timed_runner(jobs.CpuRunner)
     if cuda_unavailable_reason() is None:  # else the CPU runner is the one timed
-        from gpu.transfer import CudaRunner
+        from ingest_gpu.transfer import CudaRunner
 
         timed_runner(CudaRunner)
         time_event_waits(CudaRunner)
@@ -157,7 +157,7 @@ def print_profiles(callers_of: str | None) -> None:
 
 def time_event_waits(runner: Any) -> None:
     """The device thread's waits on CUDA events (a copy's end, the batch's end)."""
-    from gpu import driver
+    from ingest_gpu import driver
 
     class TimedEvent(driver.Event):
         def synchronize(self) -> None:

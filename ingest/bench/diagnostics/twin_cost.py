@@ -4,7 +4,7 @@ A diagnostic, not a test (pytest does not collect it)::
 
     .venv/bin/python -m ingest.bench.diagnostics.twin_cost
 
-Both inputs take the float32 path (``gpu.preprocess.exact_in_float32``); each
+Both inputs take the float32 path (``ingest_gpu.preprocess.exact_in_float32``); each
 is run again with that path switched off, so the float64 steps do the work.
 """
 
@@ -15,9 +15,9 @@ from unittest import mock
 
 import numpy as np
 
-import gpu.preprocess
-from gpu.formats import PixelFormat, Transform
+import ingest_gpu.preprocess
 from ingest.embedded.samples_multiframe import frame_rescale as _frame_rescale
+from ingest_gpu.formats import PixelFormat, Transform
 
 
 def best_seconds(raw: np.ndarray, fmt: PixelFormat, transform: Transform, repeats: int) -> float:
@@ -25,7 +25,7 @@ def best_seconds(raw: np.ndarray, fmt: PixelFormat, transform: Transform, repeat
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        gpu.preprocess.preprocess_numpy(raw, fmt, transform, 0, out)
+        ingest_gpu.preprocess.preprocess_numpy(raw, fmt, transform, 0, out)
         times.append(time.perf_counter() - started)
     return min(times)
 
@@ -51,7 +51,7 @@ def main() -> None:
         raw = rng.integers(-2048, 2047, fmt.total_elements, dtype=np.int16).view(np.uint8)
         per = scale if scale is not None else 1e9 / raw.nbytes
         fast = best_seconds(raw, fmt, transform, repeats) * per
-        with mock.patch.object(gpu.preprocess, "exact_in_float32", return_value=False):
+        with mock.patch.object(ingest_gpu.preprocess, "exact_in_float32", return_value=False):
             slow = best_seconds(raw, fmt, transform, repeats) * per
         print(f"{name}: float32 {fast:.3g} {unit}, float64 {slow:.3g} {unit}")
 

@@ -16,10 +16,10 @@ from typing import Any, cast
 import anyio
 import pytest
 
-from gpu.jobs import ChunkJob, ChunkResult
-from gpu.thread import DeviceThread
 from ingest.device.stage import BATCHES_IN_FLIGHT, DeviceStage
 from ingest.settings import load_settings
+from ingest_gpu.jobs import ChunkJob, ChunkResult
+from ingest_gpu.thread import DeviceThread
 
 pytestmark = pytest.mark.anyio
 MiB = 1024 * 1024

@@ -191,7 +191,8 @@ def _testdata(name: str) -> Dataset:
 
 
 def _as_native_path(ds: Dataset, frames: int) -> Array:
-    """What the native path makes of the stored samples (docs/output.md, ``gpu.preprocess``)."""
+    """What the native path makes of the stored samples (docs/output.md,
+    ``ingest_gpu.preprocess``)."""
     bits, spp = int(ds.BitsAllocated), int(ds.SamplesPerPixel)
     dtype = np.dtype(f"<{'ui'[ds.PixelRepresentation]}{bits // 8}")
     count = frames * ds.Rows * ds.Columns * spp

@@ -23,7 +23,6 @@ import pytest
 from pydicom.dataset import Dataset
 from pydicom.uid import RLELossless
 
-from gpu.formats import PixelFormat
 from ingest.dicom.frames import per_frame_planes
 from ingest.dicom.geometry import Geometry, flat_group, geometry_of, lps_to_ras, per_frame_values
 from ingest.dicom.parse import DicomHeader, parse_header
@@ -33,6 +32,7 @@ from ingest.dicom.walk import Walker
 from ingest.embedded import samples
 from ingest.embedded.samples_compressed import compressed_ct
 from ingest.embedded.samples_slide import jpeg_slide_bytes
+from ingest_gpu.formats import PixelFormat
 
 with warnings.catch_warnings():  # nibabel warns at import that its DICOM reader is young
     warnings.simplefilter("ignore", UserWarning)

@@ -19,7 +19,6 @@ from pydicom import dcmread, dcmwrite
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 
-from gpu.formats import PixelFormat
 from ingest.dicom.codec import conversions
 from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
 from ingest.embedded import samples
@@ -31,6 +30,7 @@ from ingest.errors import (
     NotDicom,
     UnsupportedDicom,
 )
+from ingest_gpu.formats import PixelFormat
 from tests.bad_inputs import edit, mutate, nested_sequences
 from tests.reference import reference_array
 

@@ -197,7 +197,7 @@ async def test_what_then_raises_is_raised_as_it_is_and_not_retried(tree: Path) -
 
 
 def _kvikio_missing() -> str | None:
-    from gpu.thread import cuda_unavailable_reason
+    from ingest_gpu.thread import cuda_unavailable_reason
 
     if importlib.util.find_spec("kvikio") is None:
         return "KvikIO is not installed"

@@ -8,11 +8,11 @@ from functools import partial
 import anyio
 import pytest
 
-from gpu.memory import alloc_host
 from ingest.errors import SourceUnavailable
 from ingest.fetch.ordered_reads import ReadInto, ordered_reads
 from ingest.fetch.planning import ByteRange, split_range
 from ingest.fetch.ring import PinnedRing
+from ingest_gpu.memory import alloc_host
 
 pytestmark = pytest.mark.anyio
 SLOT = 64 * 1024

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu.formats import PixelFormat
 from ingest.errors import LimitExceeded
 from ingest.fetch.planning import (
     HEADER_PROBE_BYTES,
@@ -22,6 +21,7 @@ from ingest.fetch.ring import SMALL_SLOT_SIZE
 from ingest.pipeline.jobs import DevicePlan, device_plan
 from ingest.settings import load_settings
 from ingest.sink.output import MAX_PARTS, MIN_PART, output_part_size
+from ingest_gpu.formats import PixelFormat
 
 MiB = 1024 * 1024
 

@@ -11,8 +11,8 @@ import anyio.lowlevel
 import numpy as np
 import pytest
 
-from gpu.memory import alloc_host
 from ingest.fetch.ring import ALIGNMENT, PinnedRing
+from ingest_gpu.memory import alloc_host
 
 pytestmark = pytest.mark.anyio
 SLOT = 64 * 1024

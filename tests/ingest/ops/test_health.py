@@ -101,9 +101,9 @@ async def test_liveness_fails_while_the_device_thread_is_stuck_in_one_batch() ->
     the batch has run for the stall limit, names it, and is 200 again when it ends."""
     import threading
 
-    from gpu.formats import PixelFormat, Transform
-    from gpu.jobs import ChunkJob
-    from gpu.thread import DeviceThread
+    from ingest_gpu.formats import PixelFormat, Transform
+    from ingest_gpu.jobs import ChunkJob
+    from ingest_gpu.thread import DeviceThread
 
     fmt = PixelFormat(8, 8, 1, 1, 16, 12, True, False)
     release = threading.Event()

@@ -82,7 +82,9 @@ def test_a_signing_key_that_is_no_key_is_named(tmp_path: Path) -> None:
 
 
 def test_device_cuda_without_a_driver_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gpu.thread.cuda_unavailable_reason", lambda: "no CUDA device is visible")
+    monkeypatch.setattr(
+        "ingest_gpu.thread.cuda_unavailable_reason", lambda: "no CUDA device is visible"
+    )
     with pytest.raises(ConfigError, match="DEVICE=cuda: no CUDA device is visible"):
         check_startup(settings(device="cuda"))
     check_startup(settings(device="auto"))  # auto falls back to the CPU: nothing to refuse

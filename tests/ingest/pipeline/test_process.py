@@ -14,8 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu.formats import PixelFormat, Transform, pitched_frames
-from gpu.jobs import ChunkJob, CpuRunner, job_samples
 from ingest.dicom.direct import read_plain_header
 from ingest.dicom.fragments import (
     ENCAPSULATED_UNCOMPRESSED,
@@ -31,6 +29,8 @@ from ingest.embedded.samples_multiframe import synthetic_multiframe
 from ingest.errors import IngestError, LimitExceeded, MalformedDicom
 from ingest.pipeline.jobs import pixel_chunks, pixels_start
 from ingest.pipeline.process import whole_header
+from ingest_gpu.formats import PixelFormat, Transform, pitched_frames
+from ingest_gpu.jobs import ChunkJob, CpuRunner, job_samples
 from tests import bad_inputs
 from tests.bad_inputs import fragment_at, set_u32
 from tests.reference import reference_array

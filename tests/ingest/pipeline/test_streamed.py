@@ -14,14 +14,14 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from gpu.memory import alloc_host
-from gpu.thread import ChunkResult
 from ingest.device import stage
 from ingest.dicom.device_codecs import MIN_DEVICE_J2K_FRAMES
 from ingest.embedded.samples_compressed import ct_volume
 from ingest.embedded.stack import Stack
 from ingest.fetch.ring import PinnedRing
 from ingest.pipeline.streamed import SlotRefs, device_hold
+from ingest_gpu.memory import alloc_host
+from ingest_gpu.thread import ChunkResult
 from tests import harness
 from tests.paths import DATA
 from tests.reference import reference_array

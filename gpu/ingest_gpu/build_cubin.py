@@ -1,20 +1,20 @@
-"""Build the kernel's cubins, for the package to ship (``gpu/cubin/``).
+"""Build the kernel's cubins, for the package to ship (``gpu/ingest_gpu/cubin/``).
 
 Run on a machine with a GPU, CuPy and NVRTC::
 
-    python3 -m gpu.build_cubin gpu/cubin                  # this GPU's architecture
-    python3 -m gpu.build_cubin gpu/cubin --arch targets   # every one in TARGETS
-    python3 -m gpu.build_cubin gpu/cubin --arch 80,86     # the ones named
+    python3 -m ingest_gpu.build_cubin gpu/cubin                  # this GPU's architecture
+    python3 -m ingest_gpu.build_cubin gpu/cubin --arch targets   # every one in TARGETS
+    python3 -m ingest_gpu.build_cubin gpu/cubin --arch 80,86     # the ones named
 
 This GPU's architecture is built as the worker's fallback builds it at run
-time: CuPy compiles ``gpu.kernel.SOURCE`` into an empty kernel cache, and the
+time: CuPy compiles ``ingest_gpu.kernel.SOURCE`` into an empty kernel cache, and the
 cubin is taken from that cache (CuPy stores it behind a hex digest of the
 cubin, which is checked). Another architecture cannot be loaded here, so it is
 compiled by NVRTC straight to a cubin for ``sm_<cc>``, with the option CuPy adds
 to every compile (``-ftz=true``; the kernel is written so that it changes no
-result: ``gpu/kernel.py``). Each is written as ``dicom_preprocess.sm_<cc>.cubin``;
+result: ``gpu/ingest_gpu/kernel.py``). Each is written as ``dicom_preprocess.sm_<cc>.cubin``;
 ``manifest.json`` records the SHA-256 of the source it was built from, so a
-changed kernel is never run from a stale build (``gpu.kernel.shipped_cubin``),
+changed kernel is never run from a stale build (``ingest_gpu.kernel.shipped_cubin``),
 and a test on CPU machines says when the shipped build no longer matches the
 source.
 
@@ -106,7 +106,7 @@ def _build(out: Path, arch: str | None, cache: Path) -> None:
     import cupy
     from cupy.cuda import nvrtc
 
-    from gpu import kernel
+    from ingest_gpu import kernel
 
     here = str(cupy.cuda.Device().compute_capability)
     device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()

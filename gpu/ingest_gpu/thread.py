@@ -1,9 +1,9 @@
 """The dedicated device thread: the only thread that calls CUDA.
 
 One ``threading.Thread`` owns the device's context, its non-blocking CUDA
-stream, the staging arenas and the CUDA events (``gpu.transfer.CudaRunner``,
-through the driver: ``gpu.driver``), or the NumPy
-twin (``gpu.jobs.CpuRunner``) when CUDA is absent. Work reaches it through a
+stream, the staging arenas and the CUDA events (``ingest_gpu.transfer.CudaRunner``,
+through the driver: ``ingest_gpu.driver``), or the NumPy
+twin (``ingest_gpu.jobs.CpuRunner``) when CUDA is absent. Work reaches it through a
 FIFO queue and comes back through ``concurrent.futures.Future``\\s, which the
 asyncio side awaits with ``asyncio.wrap_future``: nothing here blocks a loop.
 
@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpu.jobs import ChunkJob, ChunkResult, CpuRunner, Runner, consume, deliver
-from gpu.memory import COUNTERS, HostBuffer, alloc_host
+from ingest_gpu.jobs import ChunkJob, ChunkResult, CpuRunner, Runner, consume, deliver
+from ingest_gpu.memory import COUNTERS, HostBuffer, alloc_host
 
 __all__ = ["ChunkJob", "ChunkResult", "DeviceThread", "cuda_unavailable_reason"]
 
@@ -38,7 +38,7 @@ def cuda_unavailable_reason() -> str | None:
     This probe is the one CUDA call made off the device thread; it initialises
     the driver, counts devices and creates no CUDA context. CuPy is not needed.
     """
-    from gpu import driver
+    from ingest_gpu import driver
 
     try:
         count = driver.device_count()
@@ -238,7 +238,7 @@ class DeviceThread:
         failure: BaseException | None = None
         try:
             if self.backend == "cuda":
-                from gpu.transfer import CudaRunner
+                from ingest_gpu.transfer import CudaRunner
 
                 self._runner = CudaRunner(self._device_index)
             else:

@@ -15,7 +15,7 @@ works in float32 where that gives the same bits: ``exact_in_float32``):
 
 ``plan_chunk`` validates a chunk and fixes every constant (``c - 0.5`` and
 ``w - 1`` are computed once, here) so that both twins use the same numbers.
-The CUDA side of the twin lives in ``gpu.kernel``.
+The CUDA side of the twin lives in ``ingest_gpu.kernel``.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpu.formats import OUT_DTYPES, OutDtype, PixelFormat, Transform
+from ingest_gpu.formats import OUT_DTYPES, OutDtype, PixelFormat, Transform
 
 # The NumPy twin works through the chunk in blocks of this many samples, so
 # its temporaries stay at a few MiB whatever the chunk size.
 BLOCK_ELEMENTS = 1 << 18
 
-# Bits of ChunkPlan.flags; gpu.kernel's CUDA source uses the same values.
+# Bits of ChunkPlan.flags; ingest_gpu.kernel's CUDA source uses the same values.
 F_RESCALE = 1
 F_WINDOW = 2
 F_STEP = 4
@@ -328,14 +328,14 @@ def preprocess_cupy(
 
     ``raw_dev`` is a 1-D uint8 CuPy array; returns (or fills) a 1-D ``out_dtype``
     CuPy array. Runs asynchronously on ``stream`` (the current stream when None).
-    The DeviceThread batches many chunks into one launch with ``gpu.kernel``.
+    The DeviceThread batches many chunks into one launch with ``ingest_gpu.kernel``.
 
     Raises:
         ValueError: see ``plan_chunk``; also a wrong ``raw_dev`` or ``out``.
     """
     import cupy
 
-    from gpu import driver, kernel
+    from ingest_gpu import driver, kernel
 
     if raw_dev.ndim != 1 or raw_dev.dtype != cupy.uint8 or not raw_dev.flags.c_contiguous:
         raise ValueError("raw_dev must be a contiguous 1-D uint8 CuPy array")

@@ -10,7 +10,7 @@ Facts this module relies on:
 - Copies and kernels issued to one stream execute in issue order, each after
   the previous one completed. So the kernel sees every H2D copy issued before it,
   and a D2H copy issued after it sees its output, with no extra synchronisation.
-- Every CUDA call goes to the driver (``gpu.driver``; copies, event records and
+- Every CUDA call goes to the driver (``ingest_gpu.driver``; copies, event records and
   the launch keep the GIL, so nothing else runs between an event and its
   copy). CuPy is imported only when a job keeps its output on the device for
   a hook: those arrays are CuPy's, from its memory pool, on this stream.
@@ -22,7 +22,7 @@ Facts this module relies on:
   copy has completed: until then the DMA engine may still be reading it. That is
   when ``on_consumed`` is called (on this thread), before the kernel finishes.
 - A job of encoded frames copies nothing: nvImageCodec decodes its frames
-  into the input arena on the same stream before the kernel (``gpu.decode``),
+  into the input arena on the same stream before the kernel (``ingest_gpu.decode``),
   and its outcome is that decode's failure when it fails.
 - An arena grows by freeing its block (``cuMemFree`` waits for the device) after
   the last batch was synchronised. A CuPy memory-pool block (a hook's array)
@@ -48,13 +48,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpu import driver, kernel
-from gpu.decode import DeviceDecodeError, NvDecoder
-from gpu.enqueue import Enqueue
-from gpu.formats import pitched_frames
-from gpu.jobs import ChunkJob, ChunkResult, arena_nbytes, consume, host_bytes
-from gpu.memory import COUNTERS, pinned_memory
-from gpu.preprocess import ChunkPlan, plan_chunk
+from ingest_gpu import driver, kernel
+from ingest_gpu.decode import DeviceDecodeError, NvDecoder
+from ingest_gpu.enqueue import Enqueue
+from ingest_gpu.formats import pitched_frames
+from ingest_gpu.jobs import ChunkJob, ChunkResult, arena_nbytes, consume, host_bytes
+from ingest_gpu.memory import COUNTERS, pinned_memory
+from ingest_gpu.preprocess import ChunkPlan, plan_chunk
 
 _MIN_ARENA = 1 << 20
 _PINNED_CACHE = 4096  # addresses whose pinned-or-not answer is kept
@@ -151,7 +151,8 @@ class CudaRunner:
     def _decode(
         self, jobs: Sequence[ChunkJob], encoded: list[tuple[int, int]]
     ) -> list[BaseException | None]:
-        """Decode the encoded jobs ``(job index, arena pointer)`` on the stream (``gpu.decode``)."""
+        """Decode the encoded jobs ``(job index, arena pointer)`` on the stream
+        (``ingest_gpu.decode``)."""
         if self._decoder is None:
             try:
                 self._decoder = NvDecoder(self._context.device_index, self._stats)

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gpu.decode import DeviceDecodeError, EncodedFrames
-from gpu.formats import PixelFormat, Transform, pitched_frames
-from gpu.preprocess import preprocess_numpy
+from ingest_gpu.decode import DeviceDecodeError, EncodedFrames
+from ingest_gpu.formats import PixelFormat, Transform, pitched_frames
+from ingest_gpu.preprocess import preprocess_numpy
 
 # Offsets of chunks inside the device arenas: CuPy's allocation granularity.
 ARENA_ALIGN = 512
@@ -41,9 +41,9 @@ class ChunkJob:
     the device thread with the finished result, before the batch's future
     resolves, so it may use CuPy on the thread that owns the device; what it
     raises fails that job alone. ``pitch`` > 0: ``data`` holds whole frames, one
-    every ``pitch`` bytes (``gpu.formats.pitched_frames``), which the device copy
+    every ``pitch`` bytes (``ingest_gpu.formats.pitched_frames``), which the device copy
     (or the twin) gathers; 0: its samples are contiguous. ``encoded``: the job's
-    frames as codestreams, decoded on the device (``gpu.decode``; CUDA only) to
+    frames as codestreams, decoded on the device (``ingest_gpu.decode``; CUDA only) to
     ``fmt``'s samples, and ``data`` is empty.
     """
 
@@ -155,7 +155,7 @@ def job_samples(job: ChunkJob) -> npt.NDArray[np.uint8]:
 
 
 class CpuRunner:
-    """The NumPy twin of ``gpu.transfer.CudaRunner``."""
+    """The NumPy twin of ``ingest_gpu.transfer.CudaRunner``."""
 
     backend = "cpu"
 

@@ -8,7 +8,7 @@ switch interval). Those waits can more than double the device thread's time
 per chunk, and an H2D copy bracketed by events counts them as copy time
 (``python -m ingest.bench.diagnostics.trace_large`` shows both).
 
-So these calls go to the driver through ``gpu.driver``'s ``ctypes.PyDLL``
+So these calls go to the driver through ``ingest_gpu.driver``'s ``ctypes.PyDLL``
 handle, which keeps the GIL during the call: an event, its copy and the next
 event are issued back to back.
 """
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import ctypes
 
-from gpu.driver import MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Event, Memcpy2D, Stream, library
+from ingest_gpu.driver import MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Event, Memcpy2D, Stream, library
 
 
 class Enqueue:
     """``h2d``, ``h2d_2d``, ``d2h``, ``d2d`` and ``record`` on streams (device thread only).
 
     Raises (every method):
-        gpu.driver.CudaError: the driver refused the call (its CUresult in the message).
+        ingest_gpu.driver.CudaError: the driver refused the call (its CUresult in the message).
     """
 
     def __init__(self) -> None:

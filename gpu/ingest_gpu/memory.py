@@ -4,7 +4,7 @@ Only pinned memory lets a host-to-device copy run asynchronously at full speed;
 pageable memory is staged by the driver through a pinned buffer of its own, at a
 fraction of the rate. Pinned memory is allocated on the device thread
 (``DeviceThread.alloc_host`` does that), where the device's context is current,
-through the driver (``gpu.driver``). Every buffer's usable region starts on a
+through the driver (``ingest_gpu.driver``). Every buffer's usable region starts on a
 64 KiB boundary: the allocation is over-sized by one alignment and the region
 offset into it.
 
@@ -109,7 +109,7 @@ def pinned_memory(nbytes: int, device_index: int = 0) -> Any:
     locked for reuse; and the worker does not import CuPy. The result supports
     the buffer protocol; ``ctypes.addressof`` gives its first byte.
     """
-    from gpu import driver
+    from ingest_gpu import driver
 
     return driver.pinned_array(driver.primary_context(device_index), nbytes)
 

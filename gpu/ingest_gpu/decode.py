@@ -23,7 +23,7 @@ Facts this relies on (nvImageCodec 0.9, ``python/decoder.cpp``):
   ``DeviceDecodeError``, which the caller answers by decoding on the CPU.
 - The wrapped arena memory is ours: nvImageCodec allocates no output image,
   so steady state allocates nothing beyond the arenas' growth
-  (``gpu/transfer.py``) and nvImageCodec's own scratch, sized by the batch.
+  (``gpu/ingest_gpu/transfer.py``) and nvImageCodec's own scratch, sized by the batch.
   The wrapping ``Image`` of a place in the arena is kept and given again to
   later batches that decode a frame of the same shape there (a slide's batches
   all look alike), since making one costs as much host time as a frame's decode.
@@ -36,7 +36,7 @@ Facts this relies on (nvImageCodec 0.9, ``python/decoder.cpp``):
 
 Only formats whose result the CPU path (pydicom's ``pixel_array``) gives the
 same way are sent here (``ingest/dicom/device_codecs.py`` decides); Bits
-Stored masking and sign extension are the kernel's (``gpu/preprocess.py``), as
+Stored masking and sign extension are the kernel's (``gpu/ingest_gpu/preprocess.py``), as
 for stored samples.
 """
 
@@ -50,7 +50,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from gpu.formats import PixelFormat
+from ingest_gpu.formats import PixelFormat
 
 Colour = Literal["unchanged", "rgb"]  # keep the codestream's samples; or convert YCbCr to RGB
 Parsed = tuple[Any, str]  # a frame's CodeStream and its output's typestr

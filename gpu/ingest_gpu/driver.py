@@ -13,7 +13,7 @@ made here rather than through a Python CUDA library for memory and for the GIL:
   of the GIL in every call. On the device thread that is a loss for the calls
   that only queue work: each release lets a reader thread or the event loop
   take the GIL, and getting it back waits up to the switch interval
-  (``gpu/enqueue.py``).
+  (``gpu/ingest_gpu/enqueue.py``).
 
 So two handles on the same library: ``_HOLD`` (``ctypes.PyDLL``) keeps the GIL
 for the calls that return at once (queueing copies, event records, the launch,
@@ -22,8 +22,8 @@ that may wait or take long (allocation, pinning, synchronisation, module
 loading).
 
 CuPy stays where a user wants it: the arrays handed to a hook are CuPy arrays
-on this context's device (``gpu.transfer``), and a GPU for which no cubin ships
-gets the kernel compiled by CuPy's NVRTC (``gpu.kernel``). CuPy works in the
+on this context's device (``ingest_gpu.transfer``), and a GPU for which no cubin ships
+gets the kernel compiled by CuPy's NVRTC (``ingest_gpu.kernel``). CuPy works in the
 same primary context as this module, so its arrays, ours and its kernels mix.
 
 Contexts: the device's primary context (``cuDevicePrimaryCtxRetain``), the
@@ -244,7 +244,7 @@ class Stream:
 
 
 class Event:
-    """A timing event; record it with ``gpu.enqueue.Enqueue.record``."""
+    """A timing event; record it with ``ingest_gpu.enqueue.Enqueue.record``."""
 
     def __init__(self, context: Context) -> None:
         handle = ctypes.c_void_p()

@@ -21,16 +21,16 @@ never flushed. A float64 output is the value itself; an integer output
 (``preprocess.narrowest_exact``), so its cast is exact, as NumPy's ``astype`` is.
 
 Loading: the package ships the kernel compiled for the GPUs we measure on
-(``gpu/cubin/``, made by ``python -m gpu.build_cubin`` on such a GPU, with the
+(``gpu/ingest_gpu/cubin/``, made by ``python -m ingest_gpu.build_cubin`` on such a GPU, with the
 SHA-256 of ``SOURCE`` it was built from). On a GPU of that architecture the
-worker loads it through the driver (``gpu.driver``) and never loads NVRTC or
+worker loads it through the driver (``ingest_gpu.driver``) and never loads NVRTC or
 CuPy: no compile at start-up (a fresh container has no kernel cache) and less
 resident memory than NVRTC, with CuPy's kernel cache warm or cold
 (``python3 -m ingest.bench.diagnostics.rss_cost cuda`` measures both).
 Elsewhere, or if the shipped build is not of this ``SOURCE``, CuPy compiles the
 source with NVRTC and caches it on disk.
 
-Importing this module needs NumPy only (``gpu.driver`` is ``ctypes``).
+Importing this module needs NumPy only (``ingest_gpu.driver`` is ``ctypes``).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpu import driver
-from gpu.preprocess import F_PER_FRAME, F_PLANAR, F_RESCALE, F_STEP, F_WINDOW, ChunkPlan
+from ingest_gpu import driver
+from ingest_gpu.preprocess import F_PER_FRAME, F_PLANAR, F_RESCALE, F_STEP, F_WINDOW, ChunkPlan
 
 # Layout of one chunk's int64 parameter row.
 P_N, P_SRC, P_DST, P_FIRST, P_FRAME, P_PLANE, P_CODE, P_SHIFT, P_FLAGS = range(9)
@@ -236,7 +236,7 @@ def pack_params(
 
 
 KERNEL_NAME = "dicom_preprocess"
-CUBIN_PACKAGE = "gpu.cubin"
+CUBIN_PACKAGE = "ingest_gpu.cubin"
 MANIFEST = "manifest.json"
 
 
@@ -305,7 +305,7 @@ def compile_kernel(device_index: int = 0) -> str:
     Returns ``"shipped"`` or ``"nvrtc"``.
 
     Raises:
-        gpu.driver.CudaError: the driver refused the module.
+        ingest_gpu.driver.CudaError: the driver refused the module.
         RuntimeError: no cubin fits this GPU and CuPy is not there to compile one.
     """
     return _kernel(device_index).origin
