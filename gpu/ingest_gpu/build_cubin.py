@@ -2,9 +2,11 @@
 
 Run on a machine with a GPU, CuPy and NVRTC::
 
-    python3 -m ingest_gpu.build_cubin gpu/cubin                  # this GPU's architecture
-    python3 -m ingest_gpu.build_cubin gpu/cubin --arch targets   # every one in TARGETS
-    python3 -m ingest_gpu.build_cubin gpu/cubin --arch 80,86     # the ones named
+    python3 -m ingest_gpu.build_cubin                  # this GPU's architecture
+    python3 -m ingest_gpu.build_cubin --arch targets   # every one in TARGETS
+    python3 -m ingest_gpu.build_cubin --arch 80,86     # the ones named
+
+into ``gpu/ingest_gpu/cubin`` (or the folder given first).
 
 This GPU's architecture is built as the worker's fallback builds it at run
 time: CuPy compiles ``ingest_gpu.kernel.SOURCE`` into an empty kernel cache, and the
@@ -93,7 +95,7 @@ def _through_nvrtc(nvrtc: Any, source: str, name: str, capability: str) -> bytes
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", type=Path, default=Path("gpu/cubin"))
+    parser.add_argument("out", nargs="?", type=Path, default=Path("gpu/ingest_gpu/cubin"))
     parser.add_argument("--arch", help="targets, or a list such as 80,86 (default: this GPU)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as cache:

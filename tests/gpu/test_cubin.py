@@ -2,7 +2,7 @@
 
 ``ingest_gpu.kernel`` would quietly fall back to NVRTC for a stale build; this test
 says so on any machine, without a GPU, so a kernel change comes with a new
-build (``python -m ingest_gpu.build_cubin gpu/cubin`` on the GPU machine).
+build (``python -m ingest_gpu.build_cubin gpu/ingest_gpu/cubin`` on the GPU machine).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ def test_the_shipped_cubins_are_built_from_the_current_source() -> None:
     folder = resources.files(kernel.CUBIN_PACKAGE)
     manifest = json.loads(folder.joinpath(kernel.MANIFEST).read_text())
     assert manifest["source_sha256"] == kernel.source_sha256(), (
-        "gpu/ingest_gpu/kernel.py changed since gpu/cubin was built: rebuild it on the GPU machine"
+        "gpu/ingest_gpu/kernel.py changed since its cubins were built: rebuild them on the GPU"
+        " machine"
     )
     assert manifest["cubins"], "no architecture is shipped"
     for capability, name in manifest["cubins"].items():
