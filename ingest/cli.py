@@ -177,25 +177,12 @@ def _bench_parser(commands: Any) -> None:
         type=_csv_names,
         default=("ct", "large", "mix"),
         help="ct,large,mix (default); corpus (the mix and samples of many kinds); the decode "
-        "workloads slide,ct-j2k,ct-htj2k,ct-rle,ct-htj2k-volume,ct-j2k-volume",
+        "workloads slide,slide-512,ct-j2k,ct-htj2k,ct-rle,ct-htj2k-volume,ct-j2k-volume",
     )
     add(
         "--readers",
         type=_csv_names,
-        default=(
-            "curl",
-            "threads",
-            "kvikio-raw",
-            "naive",
-            "kvikio",
-            "pydicom-loop",
-            "cpu-pool",
-            "nvimgcodec",
-            "nvimgcodec-plugin",
-            "put-raw",
-            "ours",
-            "ours-hook",
-        ),
+        default=None,  # every reader of ingest.bench.config.READERS
         help="curl,threads,kvikio-raw,naive,kvikio,put-raw (ct, large, mix, corpus), plain (the "
         "plain sequential worker, when named), pydicom-loop,"
         "cpu-pool,nvimgcodec,nvimgcodec-plugin (decode workloads), ours,ours-hook (all)",
@@ -275,7 +262,7 @@ def bench_config(args: argparse.Namespace) -> Any:
     Raises:
         ConfigError: an option, or a combination of them, the bench cannot run with.
     """
-    from ingest.bench.config import BenchConfig
+    from ingest.bench.config import READERS, BenchConfig
 
     if args.endpoint and not args.bootstrap:
         raise ConfigError("bench --endpoint needs --bootstrap")
@@ -298,7 +285,7 @@ def bench_config(args: argparse.Namespace) -> Any:
         endpoint=args.endpoint,
         bootstrap=args.bootstrap,
         workloads=args.workloads,
-        readers=args.readers,
+        readers=READERS if args.readers is None else args.readers,
         ct_count=args.ct,
         large_mb=args.large_mb,
         large_syntax=args.large_syntax,

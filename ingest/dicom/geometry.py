@@ -31,19 +31,17 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 
 from ingest.dicom.frames import per_frame_planes
 from ingest.dicom.image_pixel import Values
-from ingest.dicom.rescale import PER_FRAME_GROUPS
+from ingest.dicom.rescale import PER_FRAME_GROUPS, raw_per_frame_groups
 
 # Frames count as evenly spaced on one line when every position is within this many
 # millimetres of where the first position and the mean step put it (scanners write
 # positions rounded to a few decimals).
 POSITION_TOLERANCE_MM: Final = 0.01
 _ORIENTATION_TOLERANCE: Final = 1e-4
-_UNDEFINED_LENGTH: Final = 0xFFFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,14 +239,9 @@ def read_per_frame(values: Values) -> list[FrameValues] | None:
     """
     if not isinstance(values, Dataset) or PER_FRAME_GROUPS not in values:
         return None
-    raw = values.get_item(PER_FRAME_GROUPS)
-    if (
-        isinstance(raw, RawDataElement)
-        and isinstance(raw.value, bytes)
-        and raw.is_little_endian
-        and raw.length != _UNDEFINED_LENGTH
-    ):
-        fast = per_frame_planes(raw.value, raw.is_implicit_VR)
+    raw = raw_per_frame_groups(values)
+    if raw is not None:
+        fast = per_frame_planes(*raw)
         if fast is not None:
             return per_frame_values(fast)
     groups = values.get("PerFrameFunctionalGroupsSequence") or []

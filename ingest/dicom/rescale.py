@@ -61,6 +61,21 @@ def modality_rescale(
     return (1.0,), (0.0,), False
 
 
+def raw_per_frame_groups(ds: Dataset) -> tuple[bytes, bool] | None:
+    """The Per-Frame Functional Groups Sequence's value and whether it is implicit VR, while
+    pydicom has not read its items yet (a raw, little-endian, defined-length element), for
+    the raw walkers of ``frames``; else None (pydicom reads the items)."""
+    raw = ds.get_item(PER_FRAME_GROUPS) if PER_FRAME_GROUPS in ds else None
+    if (
+        isinstance(raw, RawDataElement)
+        and isinstance(raw.value, bytes)
+        and raw.is_little_endian
+        and raw.length != _UNDEFINED_LENGTH
+    ):
+        return raw.value, raw.is_implicit_VR
+    return None
+
+
 def _own_rescales(ds: Dataset) -> list[tuple[float, float] | Dataset | None]:
     """Per frame: its own (slope, intercept), or its Pixel Value Transformation item, or None.
 
@@ -68,14 +83,9 @@ def _own_rescales(ds: Dataset) -> list[tuple[float, float] | Dataset | None]:
     them yet (a defined-length sequence); otherwise, or when that walker is
     unsure, pydicom reads the items.
     """
-    raw = ds.get_item(PER_FRAME_GROUPS)
-    if (
-        isinstance(raw, RawDataElement)
-        and isinstance(raw.value, bytes)
-        and raw.is_little_endian
-        and raw.length != _UNDEFINED_LENGTH
-    ):
-        fast = per_frame_rescale(raw.value, raw.is_implicit_VR)
+    raw = raw_per_frame_groups(ds)
+    if raw is not None:
+        fast = per_frame_rescale(*raw)
         if fast is not None:
             return list(fast)
     return [_transformation(group) for group in ds.get("PerFrameFunctionalGroupsSequence") or []]
