@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -84,8 +84,7 @@ RANGES_IN_FLIGHT = Gauge(
 PUTS_IN_FLIGHT = Gauge("dicom_ingest_puts_in_flight", "S3 PUTs (output parts) under way")
 
 # Every stage's series exists from the start: rate() needs two points.
-for _stage in STAGES:
-    STAGE_SECONDS.labels(_stage)
+_STAGE_CHILDREN: Final = {stage: STAGE_SECONDS.labels(stage) for stage in STAGES}
 
 
 def timed(stage: str, in_flight: Gauge | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -139,11 +138,19 @@ def count_retry(retry_state: Any) -> None:
     RETRIES.labels(getattr(error, "reason", "error")).inc()
 
 
+@functools.lru_cache(maxsize=256)  # a worker sees few transfer syntaxes
 def syntax_label(uid: str | None) -> str:
     """A transfer syntax as a bounded label: pydicom's keyword for it, else ``other``."""
     from pydicom.uid import UID  # the worker has it loaded; the GET threads' users need not
 
     return (UID(uid).keyword or "other") if uid else "unknown"
+
+
+@functools.lru_cache(maxsize=256)
+def _processed(uid: str | None) -> tuple[Counter, Counter]:
+    """The processed-object counters' children of one transfer syntax."""
+    syntax = syntax_label(uid)
+    return OBJECTS.labels("processed", syntax), SOURCE_BYTES.labels("processed", syntax)
 
 
 def finished(
@@ -154,20 +161,18 @@ def finished(
 ) -> None:
     """One object (or bad record) finished durably: count it and observe its stages."""
     if processed is not None:
-        syntax = syntax_label(processed.header.transfer_syntax_uid)
-        OBJECTS.labels("processed", syntax).inc()
-        SOURCE_BYTES.labels("processed", syntax).inc(processed.head.size)
+        objects, source_bytes = _processed(processed.header.transfer_syntax_uid)
+        objects.inc()
+        source_bytes.inc(processed.head.size)
         t = processed.timings
-        for stage, seconds in (
-            ("first_get", t.first_get_s),
-            ("parse", t.parse_s),
-            ("pixels", t.device_s),
-            ("object", t.total_s),
-        ):
-            STAGE_SECONDS.labels(stage).observe(seconds)
+        stages = _STAGE_CHILDREN
+        stages["first_get"].observe(t.first_get_s)
+        stages["parse"].observe(t.parse_s)
+        stages["pixels"].observe(t.device_s)
+        stages["object"].observe(t.total_s)
         if record_timestamp_ms is not None and record_timestamp_ms > 0:
             waited = time.time() - record_timestamp_ms / 1000.0
-            STAGE_SECONDS.labels("end_to_end").observe(max(0.0, waited))
+            stages["end_to_end"].observe(max(0.0, waited))
     if error is not None:
         DEAD_LETTERS.labels(error.reason).inc()
         if ref is not None:

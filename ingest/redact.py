@@ -32,7 +32,7 @@ from any other text.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import hmac
 import logging
 import os
@@ -131,7 +131,7 @@ def key_hash(text: str) -> str:
     """A short stable stand-in for an object key (or path) in logs: 16 hex digits of its
     HMAC-SHA-256 under the log hash key."""
     data = text.encode("utf-8", "surrogatepass")
-    return hmac.new(_hash_key, data, hashlib.sha256).hexdigest()[:16]
+    return hmac.digest(_hash_key, data, "sha256")[:8].hex()
 
 
 _hash = key_hash
@@ -166,6 +166,7 @@ def scrub_every_pattern(text: str) -> str:
     return _PERSON_NAME.sub("[phi]", text)
 
 
+@functools.lru_cache(maxsize=1024)  # a log event's field names are few, and repeat
 def _field_kind(name: str) -> str | None:
     lowered = name.lower()
     if lowered in PHI_FIELDS:
@@ -175,7 +176,15 @@ def _field_kind(name: str) -> str | None:
     return None
 
 
+_PLAIN: Final = frozenset({int, float, bool, type(None)})  # nothing in them to scrub
+
+
 def _clean(value: Any, depth: int = 0) -> Any:
+    kind = type(value)
+    if kind is str:
+        return scrub_text(value)
+    if kind in _PLAIN:
+        return value
     if isinstance(value, str):
         return scrub_text(value)
     if depth > 4:
@@ -219,8 +228,13 @@ def redact_event(
     _logger: Any, _method: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
     """The structlog processor: every field of the event, the message and traceback too."""
-    for name in list(event):
-        if name in ("timestamp", "level", "logger"):
+    for name, value in list(event.items()):
+        if name in _OURS:
             continue
-        event[name] = _clean_field(name, event[name])
+        event[name] = _clean_field(name, value)
     return event
+
+
+# Fields this package's own processors set from values it made (the time, the level, the
+# logger's and the service's names, the version): nothing in them to scrub
+_OURS: Final = frozenset({"timestamp", "level", "logger", "service", "version"})

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
+import logging
 import os
 import sys
 import tempfile
@@ -50,6 +52,7 @@ from aiokafka import AIOKafkaProducer
 
 from ingest.bench.diagnostics.trace_large import prepare
 from ingest.embedded.stack import Stack, embedded_stack
+from ingest.logs import configure_logging
 from ingest.worker import Outcome, Worker
 
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
@@ -93,15 +96,17 @@ def time_device_decodes() -> None:
     NvDecoder.decode = timed  # type: ignore[method-assign]
 
 
-def thread_cpu() -> dict[int, float]:
-    """CPU seconds (user + system) of each thread of this process, by native id."""
+def thread_cpu(*, system_only: bool = False) -> dict[int, float]:
+    """CPU seconds (user + system, or system alone) of each thread of this process, by
+    native id."""
     out = {}
     for task in Path("/proc/self/task").iterdir():
         try:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+        user = 0 if system_only else int(fields[11])
+        out[int(task.name)] = (user + int(fields[12])) / CLOCK_TICK
     return out
 
 
@@ -260,17 +265,26 @@ async def measure(stack: Stack, args: Any) -> None:
         target[0] += len(objects)
         names = {t.native_id: t.name for t in threading.enumerate()}
         before, t0 = thread_cpu(), time.perf_counter()
+        before_system = thread_cpu(system_only=True)
         DECODE_CALLS.clear()
         sampler.measuring(True)
+        profile = cProfile.Profile(time.thread_time) if args.profile else None
+        if profile is not None:
+            profile.enable()  # the event loop's thread only, its CPU time (not GIL waits)
         await announce(stack, settings.source_topic, bucket, objects)
         await wanted.wait()
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(args.profile)
         sampler.measuring(False)
         after, wall = thread_cpu(), time.perf_counter() - t0
+        after_system = thread_cpu(system_only=True)
         names |= {t.native_id: t.name for t in threading.enumerate()}
         worker.stop()
     sampler.close()
     failed = [o for o in outcomes if o.error is not None]
-    report(args, objects, frames, before, after, wall, names, sampler, len(failed))
+    system = {tid: after_system[tid] - before_system.get(tid, 0.0) for tid in after_system}
+    report(args, objects, frames, before, after, system, wall, names, sampler, len(failed))
     if DECODE_CALLS:
         busy = sum(end - start for start, end, _ in DECODE_CALLS)
         first, last = DECODE_CALLS[0][0] - t0, DECODE_CALLS[-1][1] - t0
@@ -329,6 +343,7 @@ def report(
     frames: int,
     before: dict[int, float],
     after: dict[int, float],
+    system: dict[int, float],
     wall: float,
     names: dict[int | None, str],
     sampler: Sampler,
@@ -353,7 +368,11 @@ def report(
         cpu = sum(used[t] for t in tids)
         if cpu < 0.02 * total:
             continue
-        print(f"-- {name} ({len(tids)} threads): {cpu / frames * 1e6:.1f} us a frame")
+        kernel = sum(system.get(t, 0.0) for t in tids)
+        print(
+            f"-- {name} ({len(tids)} threads): {cpu / frames * 1e6:.1f} us a frame "
+            f"({kernel / frames * 1e6:.1f} of them in the kernel)"
+        )
         for table in (sampler.owners, sampler.leaves):
             merged: collections.Counter[str] = collections.Counter()
             for tid in tids:
@@ -381,7 +400,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--switch-ms", type=float, default=None, help="sys.setswitchinterval")
     parser.add_argument("--reference", action="store_true", help="nvImageCodec batched too")
     parser.add_argument("--set", action="append", default=[], help="a worker setting, NAME=VALUE")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="cProfile the event loop's thread into FILE"
+    )
     args = parser.parse_args(argv)
+    configure_logging(json=True, level=logging.INFO)  # the worker's own lines, as it writes them
 
     time_device_decodes()
     if args.switch_ms is not None:
