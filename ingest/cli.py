@@ -177,7 +177,7 @@ def _bench_parser(commands: Any) -> None:
         type=_csv_names,
         default=("ct", "large", "mix"),
         help="ct,large,mix (default); corpus (the mix and samples of many kinds); the decode "
-        "workloads slide,slide-512,ct-j2k,ct-htj2k,ct-rle,ct-htj2k-volume,ct-j2k-volume",
+        "workloads slide,slide-512,ct-j2k,ct-htj2k,ct-rle,ct-jpeg,ct-htj2k-volume,ct-j2k-volume",
     )
     add(
         "--readers",
@@ -192,7 +192,7 @@ def _bench_parser(commands: Any) -> None:
         type=int,
         default=300,
         help="CT slices (512x512 16-bit, ~0.5 MB each), also "
-        "of the ct-j2k, ct-htj2k and ct-rle series and frames of the volumes",
+        "of the ct-j2k, ct-htj2k, ct-rle and ct-jpeg series and frames of the volumes",
     )
     add("--slide-mb", type=int, default=200, help="MiB of 256x256 JPEG tiles in the slide")
     add(

@@ -8,7 +8,14 @@ What each figure means (the JSON's ``method`` repeats this):
   they never count here) plus what live descendants other than the servers
   spent meanwhile (``/proc/PID/stat``: decoding pools, whose processes outlive
   a run). The servers' own CPU is read from ``/proc/PID/stat`` and reported
-  apart as ``server_cpu_s``.
+  apart as ``server_cpu_s``, and each server's as ``server_cpu_each_s`` (in
+  ``SERVERS`` order: the S3 server, then the broker).
+- Per object: ``cpu_ms_per_object`` is that CPU over the run's objects, and
+  ``server_cpu_ms_per_object`` (with ``s3_cpu_ms_per_object`` and
+  ``broker_cpu_ms_per_object``) the servers' over the same objects, so what
+  the servers on the same host spend on each object stays apart from ours.
+  Per frame (``cpu_us_per_frame``) is added where a workload counts its frames
+  (``decode.add_decode_rates``).
 - Peak RSS is ``VmHWM`` of this process; before each run the high-water mark is
   reset to the current RSS by writing ``5`` to ``/proc/self/clear_refs`` (Linux
   >= 4.0). Where that is refused the figure is the peak since the process
@@ -37,6 +44,8 @@ from typing import Any
 
 GB = 1e9
 MiB = 1024 * 1024
+# The servers whose CPU is measured apart, in the order of every ``server_pids``
+SERVERS = ("s3", "broker")
 
 _PACKAGES = (
     "dicom-ingest",
@@ -126,6 +135,7 @@ class Run:
     cpu_s: float = 0.0
     child_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
+    server_cpu_each_s: tuple[float, ...] = ()  # in ``SERVERS`` order; () when none measured
     peak_rss_bytes: int = 0
     child_peak_rss_bytes: int = 0
     rss_before_bytes: int = 0
@@ -147,6 +157,8 @@ class Run:
             "cpu_s_children": self.child_cpu_s,
             "cpu_s_per_gb": cpu / gb if gb else 0.0,
             "server_cpu_s": self.server_cpu_s,
+            "server_cpu_each_s": list(self.server_cpu_each_s),
+            **self.per_object(cpu),
             "peak_rss_bytes": self.peak_rss_bytes,
             "child_peak_rss_bytes": self.child_peak_rss_bytes,
             "rss_before_bytes": self.rss_before_bytes,
@@ -157,6 +169,21 @@ class Run:
             ),
             **self.extra,
         }
+
+    def per_object(self, cpu: float) -> dict[str, float | None]:
+        """Milliseconds of CPU an object: ours (``cpu``), and the servers' apart (None
+        where no server was measured: servers not started here)."""
+        if not self.objects:
+            return {"cpu_ms_per_object": None, "server_cpu_ms_per_object": None}
+        ms = 1000.0 / self.objects
+        measured = bool(self.server_cpu_each_s)
+        out = {
+            "cpu_ms_per_object": cpu * ms,
+            "server_cpu_ms_per_object": self.server_cpu_s * ms if measured else None,
+        }
+        for name, seconds in zip(SERVERS, self.server_cpu_each_s, strict=False):
+            out[f"{name}_cpu_ms_per_object"] = seconds * ms
+        return out
 
 
 def descendant_cpu_s(exclude: Sequence[int]) -> dict[int, float]:
@@ -179,10 +206,12 @@ class Meter:
     def __init__(self, server_pids: Sequence[int] = ()) -> None:
         self._pids = list(server_pids)
         self.reset_ok = False
-        self._start = self._cpu = self._child = self._server = self._busy = 0.0
+        self._start = self._cpu = self._child = self._busy = 0.0
         self._rss_before = 0
         self._end: float | None = None
-        self._cpu_end = self._child_end = self._server_end = self._busy_end = 0.0
+        self._cpu_end = self._child_end = self._busy_end = 0.0
+        self._servers: list[float] = []
+        self._servers_end: list[float] = []
         self._live: dict[int, float] = {}
 
     def __enter__(self) -> Meter:
@@ -191,7 +220,7 @@ class Meter:
         self._live = descendant_cpu_s(self._pids)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         self._child = children.ru_utime + children.ru_stime
-        self._server = process_cpu_s(self._pids)
+        self._servers = [process_cpu_s([pid]) for pid in self._pids]
         self._busy = machine_busy_s()
         self._cpu = time.process_time()
         self._start = time.perf_counter()
@@ -204,20 +233,24 @@ class Meter:
         live = descendant_cpu_s(self._pids)  # a process that started meanwhile: all of it
         self._child_end = children.ru_utime + children.ru_stime
         self._child_end += sum(cpu - self._live.get(pid, 0.0) for pid, cpu in live.items())
-        self._server_end = process_cpu_s(self._pids)
+        self._servers_end = [process_cpu_s([pid]) for pid in self._pids]
         self._busy_end = machine_busy_s()
 
     def result(self, nbytes: int, objects: int, seconds: float | None = None) -> Run:
         assert self._end is not None, "result() before the run ended"
         ours = (self._cpu_end - self._cpu) + (self._child_end - self._child)
-        server = self._server_end - self._server
+        each = tuple(
+            end - start for start, end in zip(self._servers, self._servers_end, strict=True)
+        )
+        server = sum(each)
         return Run(
             seconds=seconds if seconds is not None else self._end - self._start,
             bytes=nbytes,
             objects=objects,
             cpu_s=self._cpu_end - self._cpu,
             child_cpu_s=self._child_end - self._child,
-            server_cpu_s=self._server_end - self._server,
+            server_cpu_s=server,
+            server_cpu_each_s=each,
             peak_rss_bytes=peak_rss(),
             child_peak_rss_bytes=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
             rss_before_bytes=self._rss_before,
@@ -315,6 +348,7 @@ class TreeMeter:
             cpu_s=0.0,  # the workers' CPU is in child_cpu_s; the bench's own is bench_cpu_s
             child_cpu_s=d["tree"],
             server_cpu_s=d["server"],
+            server_cpu_each_s=tuple(d[f"server_{i}"] for i in range(len(self.server_pids))),
             peak_rss_bytes=max(peaks, default=0),
             child_peak_rss_bytes=max(peaks, default=0),
             rss_before_bytes=self.rss_before,
@@ -322,8 +356,6 @@ class TreeMeter:
             other_cpu_s=max(0.0, d["busy"] - d["tree"] - d["server"] - d["self"]),
             extra={
                 "bench_cpu_s": d["self"],
-                # each server's CPU in the pass, in ``server_pids`` order: S3 server, broker
-                "server_cpu_each_s": [d[f"server_{i}"] for i in range(len(self.server_pids))],
                 "child_peak_rss_each": peaks,
                 "child_peak_rss_total": sum(peaks),
                 "peak_rss_reset": self.reset_ok,

@@ -115,6 +115,9 @@ def scaling(report: dict[str, Any]) -> list[dict[str, Any]]:
                         "objects_per_s": m["objects_per_s"],
                         "gb_per_s": m["gb_per_s"],
                         "cpu_s_per_gb": m["cpu_s_per_gb"],
+                        "cpu_ms_per_object": m.get("cpu_ms_per_object"),
+                        "cpu_us_per_frame": m.get("cpu_us_per_frame"),
+                        "server_cpu_ms_per_object": m.get("server_cpu_ms_per_object"),
                         "p99_ms": (entry.get("latency_paced") or entry["latency_burst"])["p99_ms"],
                         "over_p1": over,
                         "efficiency": over / n if over is not None else None,
@@ -325,6 +328,8 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
             "GB/s",
             "obj/s",
             "CPU s/GB",
+            "CPU ms/obj",
+            "servers ms/obj",
             "peak RSS MB",
             "p50 ms",
             "p99 ms",
@@ -335,7 +340,7 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
         for name, entry in readers.items():
             if entry.get("status") != "ok":
                 short = entry.get("short") or entry.get("note", "")
-                table.add_row(name, "-", "-", "-", "-", "-", "-", f"{entry['status']}: {short}")
+                table.add_row(name, *["-"] * 8, f"{entry['status']}: {short}")
                 continue
             m = entry["median"]
             lat = entry.get("latency_paced") or entry.get("latency_burst") or {}
@@ -344,6 +349,8 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
                 _fmt(m["gb_per_s"], 3),
                 _fmt(m["objects_per_s"], 1),
                 _fmt(m["cpu_s_per_gb"]),
+                _fmt(m.get("cpu_ms_per_object")),
+                _fmt(m.get("server_cpu_ms_per_object")),
                 _fmt(m["peak_rss_bytes"] / 1e6, 0),
                 _fmt(lat.get("p50_ms"), 1),
                 _fmt(lat.get("p99_ms"), 1),
@@ -389,6 +396,9 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
             "obj/s",
             "GB/s",
             "CPU s/GB",
+            "CPU ms/obj",
+            "CPU us/frame",
+            "servers ms/obj",
             "p99 ms",
             "/ p1",
             "efficiency",
@@ -403,6 +413,9 @@ def print_tables(console: Console, report: dict[str, Any]) -> None:
                 _fmt(r["objects_per_s"], 1),
                 _fmt(r["gb_per_s"], 3),
                 _fmt(r["cpu_s_per_gb"]),
+                _fmt(r.get("cpu_ms_per_object")),
+                _fmt(r.get("cpu_us_per_frame"), 1),
+                _fmt(r.get("server_cpu_ms_per_object")),
                 _fmt(r["p99_ms"], 1),
                 _fmt(r["over_p1"]),
                 _fmt(r["efficiency"]),
@@ -425,7 +438,11 @@ def notes(report: dict[str, Any]) -> list[str]:
     """Notes printed under the tables and kept in the JSON."""
     out = [
         "ours: the S3 sink on (.npy + sidecar written); ours-hook: DICOM_INGEST_SINK=none with "
-        "a no-op user hook (arrays stay on the device; nothing written to S3)"
+        "a no-op user hook (arrays stay on the device; nothing written to S3)",
+        "CPU ms/obj, CPU us/frame: a run's CPU over its objects and frames (ours, ours-hook: "
+        "the bench's process, its publisher included, and its decoding pools; -pN: the "
+        "workers' process tree); servers ms/obj: the S3 server's and the broker's CPU over "
+        "the same objects, apart from it (each in the JSON: s3_ and broker_cpu_ms_per_object)",
     ]
     shares = [
         float(run.get("other_cpu_share", 0.0))
@@ -476,7 +493,10 @@ def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str,
         "'paced' publishes at --paced-rate, by default half the median burst rate",
         "cpu": "process_time of this process (all threads, including the bench's own "
         "publisher) + RUSAGE_CHILDREN (curl) + live child processes other than the servers "
-        "(decoding pools, /proc/PID/stat); server CPU apart as server_cpu_s",
+        "(decoding pools, /proc/PID/stat); server CPU apart as server_cpu_s (server_cpu_each_s: "
+        "the S3 server, then the broker); per object: cpu_ms_per_object = cpu_s / objects "
+        "and server_cpu_ms_per_object = server_cpu_s / objects (s3_ and broker_cpu_ms_per_object "
+        "each), per frame (decode workloads): cpu_us_per_frame = cpu_s / frames",
         "rss": "VmHWM reset via /proc/self/clear_refs before each run; ours is compared "
         "with ring size = RING_SLOTS x PART_SIZE",
         "contention": "other_cpu_s = machine busy CPU (/proc/stat) during the run minus ours, "
@@ -493,7 +513,8 @@ def method(repeats: int, concurrency: int, part_mb: int, hook: str) -> dict[str,
         "round robin; latency = arrival of the result record at the bench's consumer "
         "(fetch_max_wait_ms=10) minus the publish time; throughput = objects / (last result "
         "- first publish); CPU = utime+stime of the supervisor's process tree (/proc/PID/stat), "
-        "the bench's own apart; peak RSS = VmHWM per child (reset via clear_refs), the largest "
+        "the bench's own apart (bench_cpu_s), per object and frame as in cpu; peak RSS = "
+        "VmHWM per child (reset via clear_refs), the largest "
         "in peak_rss_bytes; warm-up, repeats and paced pass as ours",
         "plain": "the plain sequential worker (reader plain, named with --readers): one "
         "object at a time on one connection, whole GET into memory, pydicom, the Modality "

@@ -36,6 +36,7 @@ DECODE_WORKLOADS = {
     "ct-j2k": JPEG2000Lossless,  # a CT series
     "ct-htj2k": HTJ2KLossless,  # a CT series
     "ct-rle": RLELossless,  # a CT series
+    "ct-jpeg": JPEGBaseline8Bit,  # the CT series windowed to 8 bits: secondary captures
     "ct-htj2k-volume": HTJ2KLossless,  # the HTJ2K series as one Enhanced CT
     "ct-j2k-volume": JPEG2000Lossless,  # the JPEG 2000 series as one Enhanced CT
 }

@@ -7,6 +7,11 @@
 - ``ct-j2k``, ``ct-htj2k``, ``ct-rle``: ``--ct`` CT slices (512 x 512, 12 bits
   stored in 16, signed) in JPEG 2000 Lossless, HTJ2K Lossless and RLE Lossless
   (``compressed_ct_series``), one object and one frame each;
+- ``ct-jpeg``: ``--ct`` 8-bit MONOCHROME2 JPEG Baseline slices (512 x 512, ~30 KB):
+  the same CT slices windowed to 8 bits, encoded by Pillow at quality 90, as
+  Secondary Capture objects of one frame (``jpeg_series_slice``): the shape of an
+  archive's 8-bit single-frame images (secondary captures, exported X-ray and
+  ultrasound frames), which decode to a byte a pixel;
 - ``ct-htj2k-volume``, ``ct-j2k-volume``: the same series of ``--ct`` slices as one
   Enhanced CT object, a frame a slice (``write_ct_volume``), as scanners that write
   multi-frame objects store a series: the frames are the codestreams of the
@@ -20,7 +25,7 @@ HTJ2K is encoded by imagecodecs, which a machine may lack (the GPU machine does)
 objects can be written beforehand into a corpus folder, ``DIR/<workload>/*.dcm``::
 
     python -m ingest.bench.workloads_compressed --write DIR [--ct N] [--slide-mb M]
-        [--workloads ct-j2k,ct-htj2k,ct-rle]
+        [--workloads ct-j2k,ct-htj2k,ct-rle,ct-jpeg]
 
 and read from it by ``dicom-ingest bench --decode-corpus DIR``: each CT series named in
 ``--workloads`` must then be in DIR, and its ``--ct`` objects cycle over DIR's slices
@@ -52,8 +57,9 @@ CT_SIZE = 512
 # A volume (one multi-frame object) takes its frames from the slices of its series
 VOLUMES = {"ct-htj2k-volume": "ct-htj2k", "ct-j2k-volume": "ct-j2k"}
 SERIES = tuple(n for n in DECODE_WORKLOADS if n not in SLIDES and n not in VOLUMES)
-# The writer's default slices a series: 512 x 512 slices take 180 (J2K), 190 (HTJ2K) and
-# 230 KB (RLE), so 12 of each make ~7.2 MB, small enough to carry to the device
+# The writer's default slices a series: 512 x 512 slices take 180 (J2K), 190 (HTJ2K),
+# 230 (RLE) and 30 KB (8-bit JPEG), so 12 of each make ~7.5 MB, small enough to carry to
+# the device
 CORPUS_SLICES = 12
 WRITE_HINT = "python -m ingest.bench.workloads_compressed --write DIR"
 
@@ -85,6 +91,32 @@ def corpus_files(corpus: Path, name: str) -> list[Path]:
     return sorted((corpus / name).glob("*.dcm"))
 
 
+def _header(path: Path) -> Any:
+    from pydicom import dcmread
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return dcmread(path, stop_before_pixels=True)
+
+
+def frame_bytes(ds: Any) -> int:
+    """Bytes of one of ``ds``'s frames as ``pixel_array`` returns it (from its header)."""
+    return int(ds.Rows) * int(ds.Columns) * int(ds.SamplesPerPixel) * int(ds.BitsAllocated) // 8
+
+
+def series_slice(name: str, index: int) -> bytes:
+    """Slice ``index`` of the series workload ``name`` (one of ``SERIES``), as written here.
+
+    Raises:
+        ImportError: its encoder is not installed here (HTJ2K needs imagecodecs).
+    """
+    from ingest.embedded.samples_compressed import compressed_ct, jpeg_series_slice
+
+    if name == "ct-jpeg":
+        return jpeg_series_slice(index, CT_SIZE, CT_SIZE)
+    return compressed_ct(DECODE_WORKLOADS[name], index, CT_SIZE, CT_SIZE)
+
+
 def _write_slide(folder: Path, slide_mb: int, tile: int) -> Any:
     from ingest.embedded.samples_slide import write_jpeg_slide
 
@@ -95,11 +127,7 @@ def _write_slide(folder: Path, slide_mb: int, tile: int) -> Any:
 
 def corpus_slide(path: Path, name: str = "slide") -> Workload:
     """A slide from the corpus, described from its header (no object uploaded yet)."""
-    from pydicom import dcmread
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds = dcmread(path, stop_before_pixels=True)
+    ds = _header(path)
     rows, columns = int(ds.Rows), int(ds.Columns)
     total = (int(ds.TotalPixelMatrixRows), int(ds.TotalPixelMatrixColumns))
     syntax = str(ds.file_meta.TransferSyntaxUID)
@@ -107,7 +135,7 @@ def corpus_slide(path: Path, name: str = "slide") -> Workload:
         name,
         (),
         frames=int(ds.NumberOfFrames),
-        frame_bytes=rows * columns * int(ds.SamplesPerPixel) * int(ds.BitsAllocated) // 8,
+        frame_bytes=frame_bytes(ds),
         files=(path,),
         syntax=syntax,
         info=(
@@ -172,13 +200,11 @@ def _generated_series(name: str, count: int, folder: Path) -> list[Path]:
     Raises:
         ValueError: an encoder is not installed here (HTJ2K needs imagecodecs).
     """
-    from ingest.embedded.samples_compressed import compressed_ct
-
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for index in range(count):
         try:
-            data = compressed_ct(DECODE_WORKLOADS[name], index, CT_SIZE, CT_SIZE)
+            data = series_slice(name, index)
         except ImportError as exc:
             raise ValueError(
                 f"{name}: encoding needs {exc.name or exc}, not installed here; write the "
@@ -201,7 +227,7 @@ def _series(
 ) -> Workload:
     syntax = DECODE_WORKLOADS[name]
     if corpus is None:
-        progress(f"encoding {count} CT slices for {name}")
+        progress(f"encoding {count} slices for {name}")
         source: Any = "generated"
         paths = _generated_series(name, count, tmpdir / name)
     else:
@@ -214,7 +240,7 @@ def _series(
             )
         source = {"corpus": str(corpus / name), "distinct_slices": len(found)}
         paths = [found[index % len(found)] for index in range(count)]
-    progress(f"uploading {count} CT slices for {name}")
+    progress(f"uploading {count} slices for {name}")
 
     def put(item: tuple[int, Path]) -> BenchObject:
         key = f"bench/{name}/slice-{item[0] + 1:04d}.dcm"
@@ -228,7 +254,7 @@ def _series(
         name,
         objects,
         frames=count,
-        frame_bytes=CT_SIZE * CT_SIZE * 2,
+        frame_bytes=frame_bytes(_header(paths[0])),
         files=tuple(paths),
         syntax=syntax,
         info=(("source", source), ("pydicom_plugins", pydicom_plugins(syntax))),
@@ -358,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, required=True, metavar="DIR")
     parser.add_argument("--ct", type=int, default=CORPUS_SLICES, help="slices a CT series")
     parser.add_argument("--slide-mb", type=int, default=0, help="MiB of slide (default: none)")
-    parser.add_argument("--workloads", default=",".join(SERIES), help="the CT series to write")
+    parser.add_argument("--workloads", default=",".join(SERIES), help="the series to write")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     try:

@@ -1,5 +1,6 @@
 """Compressed sample objects: a CT slice in every lossless and lossy syntax pydicom
-decodes, 8-bit JPEG baseline secondary captures, and the demo's set of them.
+decodes, 8-bit JPEG baseline secondary captures (one, or a series of them), and the
+demo's set of them.
 
 Deterministic (same arguments, same bytes, with the same codec libraries) and
 offline. Frames are encoded by pydicom's encoders (RLE Lossless through
@@ -313,13 +314,45 @@ def jpeg_baseline(
         ds.SamplesPerPixel, ds.PlanarConfiguration = 3, 0
         frame = jpeg_rgb(tissue_tile(index, rows, columns), quality)
     else:
-        hu = ct_pixels(index, rows, columns).astype(np.float64) - 1024
-        grey = np.clip((hu - (40 - 200)) * 255 / 400, 0, 255).astype(np.uint8)
-        out = io.BytesIO()
-        Image.fromarray(grey).save(out, format="JPEG", quality=quality)
-        frame = out.getvalue()
+        frame = _jpeg_grey(ct_grey(index, rows, columns), quality)
     ds.PhotometricInterpretation = photometric
     return _encapsulated(ds, JPEGBaseline8Bit, frame)
+
+
+def ct_grey(index: int, rows: int = 512, columns: int = 512) -> npt.NDArray[np.uint8]:
+    """CT slice ``index`` (``ct_pixels``) windowed to 8 bits (centre 40, width 400 HU),
+    as a workstation's secondary capture of it stores it."""
+    hu = ct_pixels(index, rows, columns).astype(np.float64) - 1024
+    grey: npt.NDArray[np.uint8] = np.clip((hu - (40 - 200)) * 255 / 400, 0, 255).astype(np.uint8)
+    return grey
+
+
+def _jpeg_grey(grey: npt.NDArray[np.uint8], quality: int) -> bytes:
+    """One 8-bit greyscale JPEG Baseline frame, encoded by Pillow (libjpeg)."""
+    out = io.BytesIO()
+    Image.fromarray(grey).save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+def jpeg_series_slice(index: int, rows: int = 512, columns: int = 512, quality: int = 90) -> bytes:
+    """Slice ``index`` of an 8-bit JPEG Baseline series: ``ct_grey(index)`` as a MONOCHROME2
+    Secondary Capture object of one frame, encoded by Pillow at ``quality``, Lossy Image
+    Compression and its ratio said; one series (and study) per size and quality, the SOP
+    Instance UID naming the slice.
+
+    The shape of an archive's 8-bit single-frame images (secondary captures, exported
+    X-ray and ultrasound frames): a slice decodes to ``rows x columns`` bytes (pydicom's
+    ``pixel_array``: ``uint8``), with no Modality LUT.
+    """
+    key = ("jpeg-series", rows, columns, quality)
+    ds = base_dataset(
+        _SC_STORAGE, uid(*key, index, "sop"), "OT", uid(*key, "study"), uid(*key, "series")
+    )
+    ds.ImageType = ["DERIVED", "SECONDARY"]
+    ds.ConversionType = "WSD"
+    ds.InstanceNumber = index + 1
+    image_pixel(ds, rows, columns, (8, 8), signed=False)
+    return _encapsulated(ds, JPEGBaseline8Bit, _jpeg_grey(ct_grey(index, rows, columns), quality))
 
 
 def compressed_samples(

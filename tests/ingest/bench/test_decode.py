@@ -8,14 +8,23 @@ from __future__ import annotations
 import io
 import sys
 import types
+import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from pydicom import dcmread
 from rich.console import Console
 
 from ingest.bench.config import BenchConfig, s3_target
-from ingest.bench.decode import DECODE_GOALS, decode_ratios, print_decode_tables
+from ingest.bench.decode import (
+    DECODE_GOALS,
+    add_decode_rates,
+    decode_ratios,
+    decode_tasks,
+    print_decode_tables,
+)
 from ingest.bench.decode_gpu import (
     PLUGIN_LABEL,
     PLUGIN_MODULE,
@@ -35,25 +44,35 @@ from ingest.bench.workloads import (
     ensure_buckets,
     prepare_workloads,
 )
-from ingest.bench.workloads_compressed import corpus_slide, write_corpus
+from ingest.bench.workloads_compressed import (
+    SERIES,
+    corpus_slide,
+    frame_bytes,
+    series_slice,
+    write_corpus,
+)
 from ingest.cli import bench_config, main, make_parser
+from ingest.dicom.codec import decode_encapsulated
 from ingest.embedded.stack import Stack
+from tests import harness
+from tests.reference import reference_array
 
 OFFLINE = S3Target("http://127.0.0.1:1", "us-east-1", "k", "s", "src", "out")
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two slices of each CT series and a slide of about 1 MiB."""
+    """Two slices of each series (``SERIES``, the writer's default) and a slide of about 1 MiB."""
     folder = tmp_path_factory.mktemp("corpus")
-    write_corpus(folder, ("ct-j2k", "ct-htj2k", "ct-rle"), 2, slide_mb=1)
+    write_corpus(folder, SERIES, 2, slide_mb=1)
     return folder
 
 
 def _series(corpus: Path, name: str) -> Workload:
     files = tuple(sorted((corpus / name).glob("*.dcm")))
     objects = tuple(BenchObject(p.name, p.stat().st_size) for p in files)
-    return Workload(name, objects, len(files), 512 * 512 * 2, files, DECODE_WORKLOADS[name])
+    size = frame_bytes(dcmread(files[0], stop_before_pixels=True))
+    return Workload(name, objects, len(files), size, files, DECODE_WORKLOADS[name])
 
 
 def _slide(corpus: Path) -> Workload:
@@ -79,7 +98,66 @@ def test_the_corpus_writer_replaces_a_series_and_keeps_to_its_count(tmp_path: Pa
         "slice-0002.dcm",
     ]
     with pytest.raises(ValueError, match="--write"):
-        write_corpus(tmp_path, ("ct-jpeg",), 2)
+        write_corpus(tmp_path, ("ct-jpeg-ls",), 2)
+
+
+def test_the_corpus_writer_writes_every_series_by_default(corpus: Path) -> None:
+    assert "ct-jpeg" in SERIES
+    for name in SERIES:
+        assert len(list((corpus / name).glob("*.dcm"))) == 2, name
+    jpeg = dcmread(corpus / "ct-jpeg" / "slice-0002.dcm")
+    assert jpeg.file_meta.TransferSyntaxUID == DECODE_WORKLOADS["ct-jpeg"]
+    assert (jpeg.Rows, jpeg.Columns, jpeg.BitsAllocated) == (512, 512, 8)
+    assert jpeg.PhotometricInterpretation == "MONOCHROME2"
+    assert (corpus / "ct-jpeg" / "slice-0002.dcm").read_bytes() == series_slice("ct-jpeg", 1)
+
+
+def test_the_jpeg_series_decodes_in_the_cpu_pool_s_tasks_as_pydicom_does(corpus: Path) -> None:
+    """``cpu-pool``'s groups of frames, through the worker's CPU codec, equal pydicom's
+    ``pixel_array`` of each slice, a byte a pixel."""
+    series = _series(corpus, "ct-jpeg")
+    assert series.frame_bytes == 512 * 512
+    decoded = [decode_encapsulated(codec, frames) for codec, frames in decode_tasks(series, 1)]
+    ours = np.concatenate(decoded)
+    expected = np.stack([dcmread(path).pixel_array for path in series.files])
+    assert ours.dtype == np.uint8
+    assert ours.shape == (2, 512, 512)
+    assert ours.nbytes == series.decoded_bytes
+    np.testing.assert_array_equal(ours, expected)
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("aws_environment")
+async def test_the_worker_decodes_the_jpeg_series_on_the_cpu_as_pydicom_does(
+    stack: Stack,
+) -> None:
+    """The worker's CPU twin, end to end, on slices of the ``ct-jpeg`` workload: each output
+    equals pydicom's ``pixel_array`` (no Modality LUT) in float32."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    objects = {f"ct-jpeg/slice-{i + 1:04d}.dcm": series_slice("ct-jpeg", i) for i in range(3)}
+    await harness.upload(stack, names.source_bucket, objects.items())
+    messages = [harness.aws_notification(names.source_bucket, [key]) for key in objects]
+    await harness.publish(stack, names.source_topic, messages)
+    settings = harness.make_settings(stack, names, device="cpu")
+
+    run = await harness.run_worker(settings, stop_after=len(objects))
+
+    assert {o.ref.key: o.error for o in run.outcomes if o.ref} == dict.fromkeys(objects)
+    for key, data in objects.items():
+        base = f"out/{names.source_bucket}/{key}"
+        out = harness.load_npy(await harness.get_object(stack, names.output_bucket, f"{base}.npy"))
+        expected = reference_array(data, None, "float32")
+        assert out.shape == (1, 512, 512)
+        assert out.dtype == np.float32
+        assert out.tobytes() == expected.tobytes(), key
+        sidecar = harness.load_json(
+            await harness.get_object(stack, names.output_bucket, f"{base}.json")
+        )
+        assert sidecar["backend"] == "cpu"
+        assert sidecar["transfer_syntax_uid"] == DECODE_WORKLOADS["ct-jpeg"]
 
 
 def test_a_series_missing_from_the_corpus_is_refused_with_the_way_to_write_it(
@@ -228,6 +306,19 @@ def test_the_ceiling_counts_a_frame_it_could_not_decode_as_an_error(
     assert calls == [(2, "unchanged")]  # monochrome: the samples as they are
 
 
+def test_the_ceiling_decodes_the_jpeg_series_unchanged_a_byte_a_pixel(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _fake_nvimgcodec(monkeypatch, (512, 512, 1), "|u1")
+    series = _series(corpus, "ct-jpeg")
+    reader = NvImageCodecReader()
+    reader.prepare(series)
+    run = reader.run(series)
+    reader.close()
+    assert calls == [(2, "unchanged")]  # MONOCHROME2: no colour conversion
+    assert (run["frames"], run["decoded_bytes"]) == (2, 2 * 512 * 512)
+
+
 def test_the_ceiling_skips_rle_which_only_the_cpu_decodes(
     corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,7 +363,7 @@ def _fake_plugin(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("name", ["ct-j2k", "slide"])
+@pytest.mark.parametrize("name", ["ct-j2k", "slide", "ct-jpeg"])
 def test_the_plugin_reader_decodes_through_the_plugin_then_unregisters_it(
     name: str, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -364,6 +455,20 @@ def test_decode_ratios_and_goals_against_every_reference() -> None:
     slower["decode_ratios"] = decode_ratios(slower)
     found = {t["target"]: t for t in targets(slower)}
     assert found["decode slide: ours-hook / nvimgcodec"]["status"] == "missed"  # 0.7 < 0.8
+
+
+def test_decode_rates_add_the_cpu_a_frame_beside_the_cpu_an_object() -> None:
+    workload = Workload("ct-jpeg", (BenchObject("a", 1), BenchObject("b", 1)), 4, 512 * 512)
+    run = {"seconds": 2.0, "cpu_s": 0.5, "gb_per_s": 1.0, "cpu_ms_per_object": 250.0}
+    entry: dict[str, Any] = {"status": "ok", "runs": [run]}
+    add_decode_rates(entry, workload)
+    assert run["frames_per_s"] == 2.0
+    assert run["cpu_us_per_frame"] == pytest.approx(125_000.0)  # 0.5 s over 4 frames
+    assert entry["median"]["cpu_us_per_frame"] == pytest.approx(125_000.0)
+    assert entry["median"]["cpu_ms_per_object"] == 250.0
+    skipped: dict[str, Any] = {"status": "skipped"}
+    add_decode_rates(skipped, workload)
+    assert skipped == {"status": "skipped"}
 
 
 def test_decode_goals_are_judged_on_the_gpu_machine_only() -> None:

@@ -70,6 +70,18 @@ def _written(out: Path) -> dict[str, Any]:
     return document
 
 
+def _check_per_object(entry: dict[str, Any]) -> None:
+    """A run's CPU an object is its CPU over its objects; the servers' apart, S3 and broker."""
+    for run in entry["runs"]:
+        ms = 1000.0 / run["objects"]
+        assert run["cpu_ms_per_object"] == pytest.approx(run["cpu_s"] * ms)
+        assert run["server_cpu_ms_per_object"] == pytest.approx(run["server_cpu_s"] * ms)
+        s3, broker = run["server_cpu_each_s"]  # the embedded stack's two servers
+        assert run["s3_cpu_ms_per_object"] == pytest.approx(s3 * ms)
+        assert run["broker_cpu_ms_per_object"] == pytest.approx(broker * ms)
+        assert run["server_cpu_s"] == pytest.approx(s3 + broker)
+
+
 def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
     assert on_disk["results"].keys() == {"ct", "large", "mix"}
     assert report["machine"]["cpu_count"] >= 1
@@ -78,8 +90,15 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
             entry = readers[name]
             assert entry["status"] == "ok", (workload, name, entry)
             assert len(entry["runs"]) == 1
-            for key in ("gb_per_s", "objects_per_s", "cpu_s", "peak_rss_bytes"):
+            for key in (
+                "gb_per_s",
+                "objects_per_s",
+                "cpu_s",
+                "cpu_ms_per_object",
+                "peak_rss_bytes",
+            ):
                 assert entry["median"][key] > 0, (workload, name, key)
+            _check_per_object(entry)
         for name in GPU_READERS:
             if kvikio_missing() is not None:
                 assert readers[name]["status"] == "skipped"
@@ -110,6 +129,8 @@ def _check(report: dict[str, Any], on_disk: dict[str, Any], text: str) -> None:
     assert any(t["status"] == "met" or t["status"] == "missed" for t in on_disk["targets"])
     assert "targets" in text
     assert "ours / reference" in text
+    assert "CPU ms/obj" in text
+    assert "servers ms/obj" in text
     if "plots" in on_disk:
         assert all(Path(p).is_file() for p in on_disk["plots"])
     else:
@@ -122,7 +143,7 @@ GPU_DECODE = ("nvimgcodec", "nvimgcodec-plugin")
 
 @pytest.mark.anyio
 @pytest.mark.integration
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)  # eight decode workloads, six readers each, on a 2-core machine
 async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: Path) -> None:
     config = BenchConfig(
         out=tmp_path,
@@ -154,14 +175,23 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
             assert entry["status"] == "ok", (workload, name, entry)
             (run,) = entry["runs"]
             assert run["frames"] == info["frames"]
-            for key in ("frames_per_s", "decoded_mb_per_s", "cpu_ms_per_frame", "gb_per_s"):
+            for key in (
+                "frames_per_s",
+                "decoded_mb_per_s",
+                "cpu_us_per_frame",
+                "cpu_ms_per_object",
+                "gb_per_s",
+            ):
                 assert entry["median"][key] > 0, (workload, name, key)
+            assert run["cpu_us_per_frame"] == pytest.approx(run["cpu_s"] * 1e6 / run["frames"])
         assert readers["cpu-pool"]["runs"][0]["processes"] >= 1
         multi = workload.startswith("slide") or workload.endswith("-volume")
         call = "iter_pixels" if multi else "pixel_array"  # multi-frame: per frame
         assert readers["pydicom-loop"]["runs"][0]["pydicom_call"] == call
         assert readers["ours"]["settings"]["sink"] == "s3"
         assert readers["ours-hook"]["hook_chunks"] >= 1
+        for mode in ("ours", "ours-hook"):
+            _check_per_object(readers[mode])
     for name, side in (("slide", 256), ("slide-512", 512)):
         slide = on_disk["workloads"][name]
         across, down, tile = slide["tiles"]
@@ -178,9 +208,12 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
         "ct-j2k": 2,
         "ct-htj2k": 2,
         "ct-rle": 2,
+        "ct-jpeg": 2,
         "ct-htj2k-volume": 2,
         "ct-j2k-volume": 2,
     }
+    sizes = {w: on_disk["workloads"][w]["frame_bytes"] for w in series}
+    assert sizes == dict.fromkeys(series, 512 * 512 * 2) | {"ct-jpeg": 512 * 512}  # 8 bits
     for volume in ("ct-htj2k-volume", "ct-j2k-volume"):
         assert on_disk["workloads"][volume]["objects"] == 1  # the series as one object
     assert on_disk["ratios"] == []  # the fetch ratios: no fetch workload ran
@@ -195,6 +228,8 @@ async def test_tiny_bench_decodes_every_decode_workload(stack: Stack, tmp_path: 
     assert not [t for t in found if t.startswith("decode ct-rle")]  # no device decoder: no goal
     text = output.getvalue()
     assert "decode: ours / references" in text
+    assert "CPU us/frame" in text
+    assert "servers ms/obj" in text
     assert "ours / reference (GB/s" not in text
 
 
@@ -216,8 +251,8 @@ def test_readers_fit_their_workloads() -> None:
 
 def test_an_unknown_workload_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     target = S3Target("http://127.0.0.1:1", "us-east-1", "k", "s", "src", "out")
-    with pytest.raises(ValueError, match="unknown workload ct-jpeg"):
-        prepare_workloads(target, ["ct-rle", "ct-jpeg"], 1, 1, tmp_path)
+    with pytest.raises(ValueError, match="unknown workload ct-jpeg-ls"):
+        prepare_workloads(target, ["ct-rle", "ct-jpeg-ls"], 1, 1, tmp_path)
 
 
 def test_decode_ratios_are_ours_over_each_reference() -> None:
@@ -286,8 +321,16 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
         assert entry["supervisor_exit"] == 0  # SIGTERM: both children drained, exit 0
         assert (entry["processes"], entry["partitions"], entry["settings"]["sink"]) == (2, 8, sink)
         assert entry["workers"] == [f"bench-ct-{label}-0", f"bench-ct-{label}-1"]
-        for key in ("gb_per_s", "objects_per_s", "cpu_s", "cpu_s_per_gb", "peak_rss_bytes"):
+        for key in (
+            "gb_per_s",
+            "objects_per_s",
+            "cpu_s",
+            "cpu_s_per_gb",
+            "cpu_ms_per_object",
+            "peak_rss_bytes",
+        ):
             assert entry["median"][key] > 0, (label, key)
+        _check_per_object(entry)  # the workers' process tree over the objects
         (run,) = entry["runs"]
         assert len(run["child_peak_rss_each"]) == 2
         assert sum(run["backends"].values()) == SCALED_SLICES  # "cpu" here, "cuda" on a GPU
@@ -304,10 +347,16 @@ async def test_scaled_mode_runs_two_worker_processes(stack: Stack, tmp_path: Pat
         ("ours-hook-p2", None),
         ("ours-p2", None),  # no p1 in this run: no ratio
     }
+    for row in on_disk["scaling"]:
+        median = ct[row["label"]]["median"]
+        assert row["cpu_ms_per_object"] == median["cpu_ms_per_object"] > 0
+        assert row["server_cpu_ms_per_object"] == median["server_cpu_ms_per_object"]
+        assert row["cpu_us_per_frame"] is None  # the ct workload counts no frames
     best = [t for t in report["targets"] if t["target"].startswith("CT objects/s, best scaled")]
     assert len(best) == 1
     assert best[0]["value"] > 0
     assert "scaled: N worker processes" in output.getvalue()
+    assert "CPU ms/obj" in output.getvalue()
 
 
 @pytest.mark.anyio

@@ -42,9 +42,11 @@ from ingest.embedded.samples_compressed import (
     compressed_ct_series,
     compressed_ct_volume,
     compressed_samples,
+    ct_grey,
     ct_pixels,
     ct_volume,
     jpeg_baseline,
+    jpeg_series_slice,
     write_ct_volume,
 )
 from ingest.embedded.samples_slide import (
@@ -206,6 +208,31 @@ def test_jpeg_baseline_captures() -> None:
     assert rgb.shape == (64, 48, 3)
     assert rgb.dtype == np.uint8
     assert psnr(rgb, tissue_tile(2, 64, 48), 255) > 25  # the picture it was made from
+
+
+def test_a_jpeg_baseline_series() -> None:
+    """One series of 8-bit MONOCHROME2 captures, a slice an object, each its CT slice
+    windowed to 8 bits, lossy and saying so."""
+    data = [jpeg_series_slice(index, rows=64, columns=48) for index in (0, 1)]
+    assert data[0] == jpeg_series_slice(0, rows=64, columns=48)
+    first, second = (read(d) for d in data)
+    assert first.SeriesInstanceUID == second.SeriesInstanceUID
+    assert first.StudyInstanceUID == second.StudyInstanceUID
+    assert first.SOPInstanceUID != second.SOPInstanceUID
+    assert (first.InstanceNumber, second.InstanceNumber) == (1, 2)
+    assert first.file_meta.TransferSyntaxUID == JPEGBaseline8Bit
+    assert (first.PhotometricInterpretation, first.SamplesPerPixel) == ("MONOCHROME2", 1)
+    assert (first.BitsAllocated, first.BitsStored, first.PixelRepresentation) == (8, 8, 0)
+    assert (first.LossyImageCompression, first.LossyImageCompressionMethod) == (
+        "01",
+        "ISO_10918_1",
+    )
+    assert "RescaleSlope" not in first  # no Modality LUT: the output is the stored values
+    for index, ds in enumerate((first, second)):
+        pixels = ds.pixel_array
+        assert pixels.shape == (64, 48)
+        assert pixels.dtype == np.uint8
+        assert psnr(pixels, ct_grey(index, 64, 48), 255) > 35
 
 
 def _check_slide(ds: FileDataset, across: int, down: int, tile: int, distinct: int) -> None:
