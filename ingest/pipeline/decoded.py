@@ -21,8 +21,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
 
 import anyio
 import numpy as np
@@ -96,6 +98,8 @@ def compressed_frames(header: DicomHeader, value: memoryview) -> list[bytes]:
     """
     check_frame_size(header)
     frames = header.pixel.frames
+    if frames == 1:
+        return [single_frame(value, header.transfer_syntax_uid)]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pydicom warns, then guesses: we check the count
@@ -115,6 +119,36 @@ def compressed_frames(header: DicomHeader, value: memoryview) -> list[bytes]:
             f" but Number of Frames is {frames}"
         )
     return found
+
+
+_ITEM: Final = struct.Struct("<HHI")
+
+
+def single_frame(value: memoryview, syntax: str | None) -> bytes:
+    """The codestream of a one-frame object: every fragment after the Basic Offset Table
+    item, joined (what pydicom's ``generate_frames`` gives for one frame, without reading
+    the value item by item in Python objects: most of an archive is single-frame).
+
+    Raises:
+        MalformedDicom: an item that is not one, or runs past the value; no fragment.
+    """
+    pieces: list[memoryview] = []
+    at, end, table = 0, len(value), True
+    while at + 8 <= end:
+        group, element, length = _ITEM.unpack_from(value, at)
+        if (group, element) == (0xFFFE, 0xE0DD):  # the Sequence Delimitation Item
+            break
+        if (group, element) != (0xFFFE, 0xE000) or at + 8 + length > end:
+            raise MalformedDicom(
+                f"the fragments of {syntax} Pixel Data cannot be split into 1 frame"
+                f" (an item at byte {at} is not one, or runs past the value)"
+            )
+        if not table:
+            pieces.append(value[at + 8 : at + 8 + length])
+        table, at = False, at + 8 + length
+    if not pieces:
+        raise MalformedDicom(f"no fragment in the {syntax} Pixel Data of one frame")
+    return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
 
 
 Decode = Callable[[], Awaitable[npt.NDArray[np.generic]]]  # one group's decode on the CPU
