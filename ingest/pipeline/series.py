@@ -1,29 +1,40 @@
-"""Series volumes, the IO: member records, pending markers, volumes written slice by slice.
+"""Series volumes, the IO: member records, pending markers, slices kept, volumes written.
 
 With ``SERIES=volume`` every slice's sidecar (``ingest.sink.series.member_of``)
 also leaves a member record under ``OUTPUT_URL + "series/" + STUDY/SERIES/FRAME_OF_REFERENCE
-+ "/members/" + SOP + ".json"`` and a pending marker under ``series-pending/``,
-both before the slice's offset is committed: the assembly's whole state is
-durable outputs, so a worker killed at any point, or a partition that moves to
-another worker, loses nothing. Then:
++ "/members/" + SOP + ".json"`` and (once a process, until its volume is written)
+a pending marker under ``series-pending/``, both before the slice's offset is
+committed: the assembly's whole state is durable outputs or uncommitted
+offsets, so a worker killed at any point, or a partition that moves to another
+worker, loses nothing. Then:
 
-- when the data says the series is complete (Images in Acquisition), the slice
-  that completes it writes the volume before its own offset is committed;
+- when the data says the series is complete (Images in Acquisition, or a series
+  manifest whose instances are all there), the slice that completes it writes
+  the volume before its own offset is committed;
 - else, ``SERIES_QUIET_S`` after a series' last slice arrived here, the
   assembler plans it from its member records (those of every worker) and
   writes what they make; at start-up, every pending marker is due after the
   same quiet period, so a series whose quiet period was cut short by a crash
   or a rebalance is still written.
 
+A one-frame output's values are kept as they are written (the sink's
+``keep``), within ``SERIES_MEMORY``, so the volume is written from memory; what
+is not kept is read back. With ``SERIES_SLICES=hold`` a kept slice's own
+``.npy`` is not written at all: its member record says ``held``, and its offset
+waits (``Hold``) until a volume holding it is durable, or until the slice is
+*spilled* (written as an output of its own after all): when its partition is
+revoked, when it is a duplicate or the plan is refused, or when the quiet
+period finds slices held by another worker. A later version reads a held
+slice from the volume that holds it.
+
 A volume is ``.../VERSION.npy`` + ``.../VERSION.json`` (and ``latest.json``, a copy
-of the newest sidecar written); its version names its members and their bytes,
-so it is written once (an existing sidecar of that version is left as it is)
-and a late slice makes a new version beside it. Its slices are read back
-``SLICES_IN_FLIGHT`` at a time and streamed into one multipart upload, so the
-assembler holds that many slices and the sink's parts in flight, whatever the
-volume's size. A plan
-the checks refuse (gaps, uneven steps, mixed sizes) is written as a sidecar
-with ``npy`` null and the reasons.
+of the newest sidecar written; with ``SERIES_FORMAT`` ``nifti`` or ``both`` a
+``.nii.gz``); its version names its members and their bytes, so it is written
+once (an existing sidecar of that version is left as it is) and a late slice
+makes a new version beside it. Its slices are taken ``SLICES_IN_FLIGHT`` at a
+time and streamed into one multipart upload. A plan the checks refuse (gaps,
+uneven steps, mixed sizes) is written as a sidecar with ``npy`` null and the
+reasons.
 """
 
 from __future__ import annotations
@@ -547,13 +558,15 @@ class SeriesAssembler:
             await out.write(values)
 
     async def _read_members(self, series: SeriesId, keys: list[str]) -> list[Member]:
-        """The member records under ``keys``: this process's own, the rest read back."""
+        """The member records under ``keys``: this process's own, the rest read back (again
+        for one held elsewhere: its worker may have written it since)."""
         known = self._members.setdefault(series, {})
+        kept = self._kept.get(series, {})
         out: list[Member] = []
         for key in keys:
             sop = _sop_of(key)
             member = known.get(sop)
-            if member is None:
+            if member is None or (member.held and sop not in kept):
                 data = await self._sink.get(key)
                 if data is None:
                     continue  # removed meanwhile
