@@ -2,11 +2,11 @@
 
 With ``SERIES=volume`` every slice's sidecar (``ingest.sink.series.member_of``)
 also leaves a member record under ``OUTPUT_URL + "series/" + STUDY/SERIES/FRAME_OF_REFERENCE
-+ "/members/" + SOP + ".json"`` and (once a process, until its volume is written)
-a pending marker under ``series-pending/``, both before the slice's offset is
-committed: the assembly's whole state is durable outputs or uncommitted
-offsets, so a worker killed at any point, or a partition that moves to another
-worker, loses nothing. Then:
++ "/members/" + SOP + ".json"`` and a pending marker under ``series-pending/``
+(which this process does not remove while a member record is being written),
+both before the slice's offset is committed: the assembly's whole state is
+durable outputs or uncommitted offsets, so a worker killed at any point, or a
+partition that moves to another worker, loses nothing. Then:
 
 - when the data says the series is complete (Images in Acquisition, or a series
   manifest whose instances are all there), the slice that completes it writes
@@ -188,7 +188,6 @@ class SeriesAssembler:
         self._manifest_root = f"{settings.output_prefix}series-manifests/"
         # the member records this process wrote or read, by series: active series only
         self._members: dict[SeriesId, dict[str, Member | None]] = {}
-        self._marked: set[SeriesId] = set()  # series whose pending marker this process wrote
         self._adding: dict[SeriesId, int] = {}  # adds writing a member record now
         self._marker_lock = anyio.Lock()  # a marker is not deleted while an add decides on it
         self._manifests: dict[SeriesId, tuple[frozenset[str] | None, float]] = {}
@@ -263,22 +262,16 @@ class SeriesAssembler:
         if held:
             member = dataclasses.replace(member, held=True)
         prefix = self.volume_prefix(series)
+        # Every slice writes the marker again: another worker may have removed it (its
+        # volume written) while this one's slices of the series still come.
         puts: list[tuple[str, Mapping[str, Any]]] = [
-            (f"{prefix}members/{member.sop_instance_uid}.json", member.as_json())
+            (f"{prefix}members/{member.sop_instance_uid}.json", member.as_json()),
+            (self._pending(series), _series_json(series)),
         ]
-        self._adding[series] = self._adding.get(series, 0) + 1  # no marker deleted meanwhile
+        async with self._marker_lock:  # not while this process removes the marker
+            self._adding[series] = self._adding.get(series, 0) + 1  # nor until these land
         try:
-            async with self._marker_lock:
-                marker = series not in self._marked  # once a process, until it is written
-                self._marked.add(series)
-            if marker:
-                puts.append((self._pending(series), _series_json(series)))
-            try:
-                await self._put_all(puts)
-            except BaseException:
-                if marker:
-                    self._marked.discard(series)
-                raise
+            await self._put_all(puts)
         finally:
             self._adding[series] -= 1
             if not self._adding[series]:
@@ -464,7 +457,6 @@ class SeriesAssembler:
                 return  # one came meanwhile: its marker stays
             await self._sink.delete(self._pending(series))
             self._members.pop(series, None)
-            self._marked.discard(series)
             self._manifests.pop(series, None)
             self._due.pop(series, None)
             for left in self._kept.pop(series, {}).values():
