@@ -116,7 +116,9 @@ async def test_a_partition_that_moves_mid_series(stack: Stack, slices_mode: str)
     await harness.upload(stack, names.source_bucket, slices)
     prefix = series_prefix(slices[0][1])
     keys = [k for k, _ in slices]
-    overrides = {"series": "volume", "series_slices": slices_mode, "series_quiet_s": "4"}
+    # longer than a rebalance under load: the first six slices alone (contiguous) would
+    # make a volume of their own if the quiet period ended before the rest came
+    overrides = {"series": "volume", "series_slices": slices_mode, "series_quiet_s": "10"}
     outcomes: list[Outcome] = []
     first = Worker(harness.make_settings(stack, names, worker_id="a", **overrides), outcomes.append)
     second = Worker(harness.make_settings(stack, names, worker_id="b", **overrides))
