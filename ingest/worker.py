@@ -56,7 +56,7 @@ from ingest.pipeline.jobs import Context
 from ingest.pipeline.process import process_object
 from ingest.pipeline.series import SeriesAssembler
 from ingest.settings import Settings
-from ingest.sink.output import OutputSink, output_dtype
+from ingest.sink.output import OutputSink, output_dtype, output_keys
 from ingest.sink.records import (
     Processed,
     dead_letter,
@@ -192,6 +192,8 @@ class Worker:
                 spec = s.series_hook
                 series_hook = load_hook(spec, "DICOM_INGEST_SERIES_HOOK") if spec else None
                 self.series = SeriesAssembler(s, sink, series_hook, thread)
+                if self.series.holding:  # held slices are written before a revoke commits
+                    self._commits.revoking = self.series.spill
             decoders = DecodePool(s.decode_processes)
             stack.push_async_callback(decoders.aclose)
             clients_up = time.monotonic()
@@ -356,8 +358,9 @@ class Worker:
             document = sidecar(done, self.settings.window, dtype, written)
             if written:
                 await self._ctx.sink.put_json(done.sidecar_key, document)
+            hold = None
             if self.series is not None:  # durable before the offset is committed
-                await self.series.add(document)
+                hold = await self.series.add(document, progress.partition)
         except IngestError as exc:
             await self._fail(progress, ref, exc)
             return
@@ -373,7 +376,10 @@ class Worker:
         self.stats.processed += 1
         log.info("processed", key=key_digest(ref.key), size=done.head.size)
         self._report(Outcome(ref, done, None), progress)
-        self._finish(progress)
+        if hold is None:
+            self._finish(progress)
+        else:  # a slice held in memory: its offset waits for its series' volume
+            hold.then(lambda: self._finish(progress))
 
     async def _fail(
         self, progress: _RecordProgress, ref: ObjectRef | None, error: IngestError
@@ -381,6 +387,8 @@ class Worker:
         """Dead-letter an object or a bad record, audit it, and mark it finished."""
         assert self._publisher is not None
         assert self._audit is not None
+        if self.series is not None and ref is not None:  # values it kept of the object
+            self.series.discard(output_keys(self.settings, ref.bucket, ref.key)[0])
         document = dead_letter(progress.summary, ref, error, self.settings.worker_id)
         await self._publisher.dead_letter(document, ref.key.encode() if ref else None)
         await self._audit.record(failure_event(ref, error))

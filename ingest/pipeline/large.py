@@ -36,7 +36,7 @@ from ingest.pipeline.jobs import (
 )
 from ingest.pipeline.streamed import decode_streamed
 from ingest.settings import Settings
-from ingest.sink.output import ArrayWriter, DiscardWriter, output_dtype
+from ingest.sink.output import Writer, output_dtype
 from ingest.sink.records import Timings
 from ingest_gpu.thread import ChunkResult
 
@@ -169,7 +169,7 @@ async def _pipelined_chunks(
     target: Target,
     header: DicomHeader,
     hasher: SourceDigest,
-    out: ArrayWriter | DiscardWriter,
+    out: Writer,
     chunks: list[PixelChunk],
     reads: InOrder,
 ) -> None:

@@ -1,38 +1,54 @@
-"""Series volumes, the IO: member records, pending markers, volumes written slice by slice.
+"""Series volumes, the IO: member records, pending markers, slices kept, volumes written.
 
 With ``SERIES=volume`` every slice's sidecar (``ingest.sink.series.member_of``)
 also leaves a member record under ``OUTPUT_URL + "series/" + STUDY/SERIES/FRAME_OF_REFERENCE
-+ "/members/" + SOP + ".json"`` and a pending marker under ``series-pending/``,
++ "/members/" + SOP + ".json"`` and a pending marker under ``series-pending/``
+(which this process does not remove while a member record is being written),
 both before the slice's offset is committed: the assembly's whole state is
-durable outputs, so a worker killed at any point, or a partition that moves to
-another worker, loses nothing. Then:
+durable outputs or uncommitted offsets, so a worker killed at any point, or a
+partition that moves to another worker, loses nothing. Then:
 
-- when the data says the series is complete (Images in Acquisition), the slice
-  that completes it writes the volume before its own offset is committed;
+- when the data says the series is complete (Images in Acquisition, or a series
+  manifest whose instances are all there), the slice that completes it writes
+  the volume before its own offset is committed;
 - else, ``SERIES_QUIET_S`` after a series' last slice arrived here, the
   assembler plans it from its member records (those of every worker) and
   writes what they make; at start-up, every pending marker is due after the
   same quiet period, so a series whose quiet period was cut short by a crash
   or a rebalance is still written.
 
+A one-frame output's values are kept as they are written (the sink's
+``keep``), within ``SERIES_MEMORY``, so the volume is written from memory; what
+is not kept is read back. With ``SERIES_SLICES=hold`` a kept slice's own
+``.npy`` is not written at all: its member record says ``held``, and its offset
+waits (``Hold``) until a volume holding it is durable, or until the slice is
+*spilled* (written as an output of its own after all): when its partition is
+revoked, when it is a duplicate or the plan is refused, or when the quiet
+period finds slices held by another worker. A later version reads a held
+slice from the volume that holds it.
+
 A volume is ``.../VERSION.npy`` + ``.../VERSION.json`` (and ``latest.json``, a copy
-of the newest sidecar written); its version names its members and their bytes,
-so it is written once (an existing sidecar of that version is left as it is)
-and a late slice makes a new version beside it. Its slices are read back
-``SLICES_IN_FLIGHT`` at a time and streamed into one multipart upload, so the
-assembler holds that many slices and the sink's parts in flight, whatever the
-volume's size. A plan
-the checks refuse (gaps, uneven steps, mixed sizes) is written as a sidecar
-with ``npy`` null and the reasons.
+of the newest sidecar written; with ``SERIES_FORMAT`` ``nifti`` or ``both`` a
+``.nii.gz``); its version names its members and their bytes, so it is written
+once (an existing sidecar of that version is left as it is) and a late slice
+makes a new version beside it. Its slices are taken ``SLICES_IN_FLIGHT`` at a
+time and streamed into one multipart upload. A plan the checks refuse (gaps,
+uneven steps, mixed sizes) is written as a sidecar with ``npy`` null and the
+reasons.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import io
 import json
 import time
-from collections.abc import Mapping
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Final
 
 import anyio
@@ -43,20 +59,114 @@ from anyio.abc import TaskStatus
 from ingest.errors import IngestError, ProcessingError, SinkError
 from ingest.hooks import HookSlab, SeriesHook
 from ingest.settings import Settings
-from ingest.sink.output import OutputSink
+from ingest.sink.nifti import nifti_dtype, nifti_header
+from ingest.sink.output import ArrayWriter, OutputSink, Writer, npy_header
 from ingest.sink.series import (
     Member,
     SeriesId,
     VolumePlan,
+    manifest_of,
     member_from_json,
     member_of,
     plan_volume,
 )
+from ingest.source.offsets import Partition
 from ingest_gpu.thread import DeviceThread
 
 log = structlog.get_logger("ingest.series")
 
 SLICES_IN_FLIGHT: Final = 8  # slices read back at once (the assembler's memory: as many)
+NIFTI_GZIP_LEVEL: Final = 1  # CT values compress little more at 6, at several times the CPU
+NIFTI_TYPE: Final = "application/gzip"
+
+
+class Hold:
+    """A held slice's offset: finished (``then``'s callbacks run) once its values are
+    durable, in a volume or in their own output."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], None]] = []
+        self.released = False
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the slice is durable (now, when it is already)."""
+        if self.released:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+@dataclass(slots=True)
+class _Kept:
+    """One slice's values in memory: written (its own ``.npy`` is durable) or held."""
+
+    values: np.ndarray  # (1, rows, columns[, samples])
+    written: bool
+    hold: Hold | None = None  # held: its offset waits for it
+    partition: Partition | None = None
+
+
+class _KeepingWriter:
+    """The writer of a one-frame output that keeps its values (``SeriesAssembler.keep``):
+    with ``inner`` it writes them too (``SERIES_SLICES=write``), else only keeps them."""
+
+    def __init__(
+        self,
+        assembler: SeriesAssembler,
+        key: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        inner: Writer | None,
+    ) -> None:
+        self._assembler = assembler
+        self._key = key
+        self._shape = shape
+        self._dtype = np.dtype(dtype)
+        self._inner = inner
+        self._pieces: list[np.ndarray] = []
+
+    async def __aenter__(self) -> _KeepingWriter:
+        if self._inner is not None:
+            await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        kept = False
+        try:
+            if self._inner is not None:
+                await self._inner.__aexit__(exc_type, exc, tb)
+            if exc is None:
+                values = np.concatenate([p.reshape(-1) for p in self._pieces])
+                if values.size != int(np.prod(self._shape)):
+                    raise _BadRecord(f"output has {values.size} values, not {self._shape}")
+                self._assembler._loose[self._key] = _Kept(
+                    values.reshape(self._shape), written=self._inner is not None
+                )
+                kept = True
+        finally:
+            if not kept:
+                self._assembler._free(self._shape, self._dtype)
+        return None
+
+    async def write(self, values: np.ndarray | None) -> None:
+        if values is None:
+            raise _BadRecord("no host values to keep (the device kept them)")
+        if self._inner is not None:
+            await self._inner.write(values)
+        self._pieces.append(np.asarray(values, dtype=self._dtype))
 
 
 class SeriesAssembler:
@@ -75,12 +185,23 @@ class SeriesAssembler:
         self._thread = thread
         self._root = f"{settings.output_prefix}series/"
         self._pending_root = f"{settings.output_prefix}series-pending/"
+        self._manifest_root = f"{settings.output_prefix}series-manifests/"
         # the member records this process wrote or read, by series: active series only
         self._members: dict[SeriesId, dict[str, Member | None]] = {}
+        self._adding: dict[SeriesId, int] = {}  # adds writing a member record now
+        self._marker_lock = anyio.Lock()  # a marker is not deleted while an add decides on it
+        self._manifests: dict[SeriesId, tuple[frozenset[str] | None, float]] = {}
         self._due: dict[SeriesId, float] = {}  # when a series' quiet period ends
         self._wake = anyio.Event()
         self._lock = anyio.Lock()  # one assembly at a time
+        # slices' values in memory: taken from the sink's writer (loose) until the slice's
+        # sidecar says which series it is of; SERIES_MEMORY bytes at most in all
+        self._loose: dict[str, _Kept] = {}
+        self._kept: dict[SeriesId, dict[str, _Kept]] = {}
+        self._memory = 0
         self.volumes_written = 0
+        self.holding = settings.series_slices == "hold"
+        sink.keep = self.keep
 
     def volume_prefix(self, series: SeriesId) -> str:
         return f"{self._root}{series.path}/"
@@ -88,43 +209,149 @@ class SeriesAssembler:
     def _pending(self, series: SeriesId) -> str:
         return f"{self._pending_root}{series.path}.json"
 
-    async def add(self, sidecar: Mapping[str, Any]) -> None:
+    @property
+    def memory(self) -> int:
+        """Bytes of slices' values this assembler keeps now."""
+        return self._memory
+
+    def keep(self, key: str, shape: tuple[int, ...], dtype: str) -> Writer | None:
+        """The sink's writer of a one-frame output: one that keeps its values (and, unless
+        slices are held, writes them), while ``SERIES_MEMORY`` has room; else None."""
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self._memory + size > self._settings.series_memory:
+            return None
+        self._memory += size
+        inner = None if self.holding else ArrayWriter(self._sink, key, shape, dtype)
+        return _KeepingWriter(self, key, shape, dtype, inner)
+
+    def _free(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self._memory -= int(np.prod(shape)) * dtype.itemsize
+
+    def _drop(self, kept: _Kept) -> None:
+        self._free(kept.values.shape, kept.values.dtype)
+
+    def discard(self, key: str) -> None:
+        """Forget the values kept of output ``key`` (its object failed after they were)."""
+        kept = self._loose.pop(key, None)
+        if kept is not None:
+            self._drop(kept)
+
+    async def add(
+        self, sidecar: Mapping[str, Any], partition: Partition | None = None
+    ) -> Hold | None:
         """Record one instance's membership (before its offset is committed); write the
-        volume now when this slice completes its series by the data's count.
+        volume now when this slice completes its series by the data's count or manifest.
+
+        Returns the slice's ``Hold`` when its values are held, not yet durable: its
+        offset must wait for it (``Hold.then``). None: nothing to wait for.
 
         Raises:
-            SinkError: a member record, marker or volume could not be written.
+            SinkError: a member record, marker, slice or volume could not be written.
         """
+        key = (sidecar.get("output") or {}).get("npy")
+        kept = self._loose.pop(key, None) if key else None
         found = member_of(sidecar)
-        if found is None:
-            return
+        if found is None:  # not a slice of a volume: its output is written now
+            if kept is not None:
+                if not kept.written:
+                    await self._write_npy(str(key), kept.values)
+                self._drop(kept)
+            return None
         series, member = found
+        held = kept is not None and not kept.written
+        if held:
+            member = dataclasses.replace(member, held=True)
         prefix = self.volume_prefix(series)
-        record = f"{prefix}members/{member.sop_instance_uid}.json"
-        errors: list[IngestError] = []
-
-        async def put(key: str, document: Mapping[str, Any]) -> None:
-            try:
-                await self._sink.put_json(key, document)
-            except IngestError as exc:  # raised below, ungrouped
-                errors.append(exc)
-
-        async with anyio.create_task_group() as group:  # the two PUTs at once
-            group.start_soon(put, record, member.as_json())
-            group.start_soon(put, self._pending(series), _series_json(series))
-        if errors:
-            raise errors[0]
+        # Every slice writes the marker again: another worker may have removed it (its
+        # volume written) while this one's slices of the series still come.
+        puts: list[tuple[str, Mapping[str, Any]]] = [
+            (f"{prefix}members/{member.sop_instance_uid}.json", member.as_json()),
+            (self._pending(series), _series_json(series)),
+        ]
+        async with self._marker_lock:  # not while this process removes the marker
+            self._adding[series] = self._adding.get(series, 0) + 1  # nor until these land
+        try:
+            await self._put_all(puts)
+        finally:
+            self._adding[series] -= 1
+            if not self._adding[series]:
+                del self._adding[series]
         members = self._members.get(series)
         if members is None:  # this process has not seen the series: what is durable already
             members = self._members[series] = {}
-            for key in await self._sink.keys(f"{prefix}members/"):
-                members.setdefault(_sop_of(key), None)  # read back when it is planned
+            for found_key in await self._sink.keys(f"{prefix}members/"):
+                members.setdefault(_sop_of(found_key), None)  # read back when it is planned
         members[member.sop_instance_uid] = member
+        hold = None
+        if kept is not None:
+            if held:
+                hold = kept.hold = Hold()
+                kept.partition = partition
+            slices = self._kept.setdefault(series, {})
+            before = slices.pop(member.sop_instance_uid, None)
+            if before is not None:  # the same instance again (redelivered)
+                self._drop(before)
+                if before.hold is not None:  # its offset is durable when this one is
+                    if hold is None:
+                        before.hold.release()
+                    else:
+                        hold.then(before.hold.release)
+            slices[member.sop_instance_uid] = kept
         self._due[series] = time.monotonic() + self._settings.series_quiet_s
         self._wake.set()
         total = member.images_in_acquisition
-        if total is not None and len(members) >= total:
+        manifest = await self._manifest(series, refresh_after=1.0)
+        if (total is not None and len(members) >= total) or (
+            manifest is not None and manifest <= members.keys()
+        ):
             await self.assemble(series, quiet=False)
+        return hold if hold is not None and not hold.released else None
+
+    async def spill(self, partitions: Sequence[Partition]) -> None:
+        """Write the held slices of ``partitions`` as outputs of their own and release
+        their offsets (the partitions are being taken away: ``Commits.revoking``).
+
+        Raises:
+            SinkError: a slice or its member record could not be written.
+        """
+        async with self._lock:
+            for series in list(self._kept):
+                await self._spill_series(series, lambda k: k.partition in partitions)
+
+    async def _spill_series(self, series: SeriesId, which: Callable[[_Kept], bool]) -> None:
+        """Write the held slices of ``series`` that ``which`` picks as outputs of their own
+        (``.npy`` and a member record that says so), then release them."""
+        slices = self._kept.get(series, {})
+        members = self._members.get(series, {})
+        chosen = [(sop, k) for sop, k in slices.items() if not k.written and which(k)]
+        errors: list[IngestError] = []
+        for start in range(0, len(chosen), SLICES_IN_FLIGHT):
+            batch = chosen[start : start + SLICES_IN_FLIGHT]
+
+            async def one(sop: str, kept: _Kept) -> None:
+                member = members.get(sop)
+                try:
+                    if member is None:  # read back: only this process's own are missing
+                        raise _BadRecord(f"slice {sop} is held without its member record")
+                    await self._write_npy(member.npy, kept.values)
+                    written = dataclasses.replace(member, held=False)
+                    record = f"{self.volume_prefix(series)}members/{sop}.json"
+                    await self._sink.put_json(record, written.as_json())
+                except IngestError as exc:  # raised below, ungrouped
+                    errors.append(exc)
+                    return
+                members[sop] = written
+                kept.written = True
+                if kept.hold is not None:
+                    kept.hold.release()
+
+            async with anyio.create_task_group() as group:
+                for sop, kept in batch:
+                    group.start_soon(one, sop, kept)
+            if errors:
+                raise errors[0]
+        if chosen:
+            log.info("series slices spilled", slices=len(chosen))
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Write each series whose quiet period has ended; pending markers of earlier
@@ -153,8 +380,10 @@ class SeriesAssembler:
         """Plan the series from its member records and write the volume (once a version).
 
         ``quiet``: its quiet period has ended, so write what the members make; else
-        only a series complete by the data's count is written. Returns the plan
-        acted on, None when the series is not complete yet.
+        only a series complete by the data's count or its manifest is written.
+        Returns the plan acted on, None when the series is not complete yet or a
+        slice of it is held by another worker (this one's held slices are then
+        written as outputs of their own, so that one can).
 
         Raises:
             SinkError: reading the members or slices, or writing the volume, failed.
@@ -163,16 +392,36 @@ class SeriesAssembler:
             prefix = self.volume_prefix(series)
             keys = await self._sink.keys(f"{prefix}members/")
             members = await self._read_members(series, keys)
-            plan = plan_volume(series, members)
+            manifest = await self._manifest(series, refresh_after=0.0 if quiet else None)
+            plan = plan_volume(series, members, manifest=manifest)
             if not quiet and (not plan.complete_by_data or plan.refused):
                 return None
+            kept = self._kept.get(series, {})
+            if any(m.held and m.sop_instance_uid not in kept for m in plan.members):
+                # held elsewhere (another worker's memory, or a worker gone: its slices are
+                # redelivered) or already in a volume of this series
+                found = await self._in_volumes(series, plan.members, kept)
+                if found is None:
+                    if quiet:  # this worker's held slices become readable by the other
+                        await self._spill_series(series, lambda _: True)
+                        self._due[series] = time.monotonic() + self._settings.series_quiet_s
+                        self._wake.set()
+                    return None
+            else:
+                found = {}
             sidecar_key = f"{prefix}{plan.version}.json"
             if not await self._sink.keys(sidecar_key):  # each version is written once
-                npy_key = None
+                npy_key = nifti_key = None
                 if not plan.refused:
-                    npy_key = f"{prefix}{plan.version}.npy"
-                    await self._write_volume(plan, npy_key)
-                document = plan.as_json(npy_key)
+                    formats = self._settings.series_format
+                    if formats in ("npy", "both"):
+                        npy_key = f"{prefix}{plan.version}.npy"
+                    if formats in ("nifti", "both") and _nifti_able(plan):
+                        nifti_key = f"{prefix}{plan.version}.nii.gz"
+                    if npy_key is None and nifti_key is None:  # colour: no NIfTI
+                        npy_key = f"{prefix}{plan.version}.npy"
+                    await self._write_volume(plan, npy_key, nifti_key, found)
+                document = plan.as_json(npy_key, nifti_key)
                 await self._sink.put_json(sidecar_key, document)
                 await self._sink.put_json(f"{prefix}latest.json", document)
                 self.volumes_written += 1
@@ -182,21 +431,134 @@ class SeriesAssembler:
                     version=plan.version,
                     refused=len(plan.refused),
                 )
-            done = quiet or plan.complete_by_data
-            if done and await self._sink.keys(f"{prefix}members/") == keys:  # none came since
-                await self._sink.delete(self._pending(series))
-                self._members.pop(series, None)
-                self._due.pop(series, None)
+            # the volume is durable: its held slices are released; the rest of this
+            # series' held slices (duplicates, left out, a refused plan) get outputs of
+            # their own
+            in_volume = {m.sop_instance_uid for m in plan.members}
+            for sop in [s for s in kept if s in in_volume]:
+                done = kept.pop(sop)
+                self._drop(done)
+                if done.hold is not None:
+                    done.hold.release()
+            await self._spill_series(series, lambda _: True)
+            for sop in [s for s, k in kept.items() if k.written]:  # read back if needed again
+                self._drop(kept.pop(sop))
+            if quiet or plan.complete_by_data:
+                await self._forget(series, keys)
             return plan
 
+    async def _forget(self, series: SeriesId, keys: list[str]) -> None:
+        """Done with ``series``, unless a member came since its members were ``keys``:
+        its pending marker goes, and what this process knew of it."""
+        async with self._marker_lock:
+            if series in self._adding:
+                return
+            if await self._sink.keys(f"{self.volume_prefix(series)}members/") != keys:
+                return  # one came meanwhile: its marker stays
+            await self._sink.delete(self._pending(series))
+            self._members.pop(series, None)
+            self._manifests.pop(series, None)
+            self._due.pop(series, None)
+            for left in self._kept.pop(series, {}).values():
+                self._drop(left)
+
+    async def _put_all(self, documents: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """PUT JSON documents at once.
+
+        Raises:
+            SinkError: one of them could not be written.
+        """
+        errors: list[IngestError] = []
+
+        async def put(key: str, document: Mapping[str, Any]) -> None:
+            try:
+                await self._sink.put_json(key, document)
+            except IngestError as exc:  # raised below, ungrouped
+                errors.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for key, document in documents:
+                group.start_soon(put, key, document)
+        if errors:
+            raise errors[0]
+
+    async def _manifest(
+        self, series: SeriesId, refresh_after: float | None
+    ) -> frozenset[str] | None:
+        """The series' manifest (``series-manifests/SERIES_INSTANCE_UID.json``), read once it
+        is there; while it is not, read again when ``refresh_after`` seconds have passed
+        (None: only the first time).
+
+        Raises:
+            SinkError: the read failed for good, or the manifest is not one.
+        """
+        now = time.monotonic()
+        known = self._manifests.get(series)
+        if known is not None and (
+            known[0] is not None or refresh_after is None or now - known[1] < refresh_after
+        ):
+            return known[0]
+        data = await self._sink.get(f"{self._manifest_root}{series.series}.json")
+        manifest = None
+        if data is not None:
+            try:
+                manifest = manifest_of(json.loads(data))
+            except ValueError as exc:  # json.JSONDecodeError is one
+                raise _BadRecord(f"the manifest of a series is unreadable: {exc}") from exc
+        self._manifests[series] = (manifest, now)
+        return manifest
+
+    async def _in_volumes(
+        self, series: SeriesId, members: Sequence[Member], kept: Mapping[str, _Kept]
+    ) -> dict[str, tuple[str, int, tuple[int, ...], str]] | None:
+        """Where the held members not in memory here are in volumes of ``series`` already
+        written (key, index, the volume's shape and dtype), or None when one is in none."""
+        prefix = self.volume_prefix(series)
+        wanted = {m.sop_instance_uid for m in members if m.held and m.sop_instance_uid not in kept}
+        found: dict[str, tuple[str, int, tuple[int, ...], str]] = {}
+        for key in sorted(await self._sink.keys(prefix), reverse=True):
+            rest = key[len(prefix) :]
+            if "/" in rest or not rest.endswith(".json") or rest == "latest.json":
+                continue
+            data = await self._sink.get(key)
+            if data is None:
+                continue
+            try:
+                document = json.loads(data)
+                npy = document["npy"]
+                shape = tuple(int(v) for v in document["shape"])
+                sops = [str(s["sop_instance_uid"]) for s in document["slices"]]
+                dtype = str(document["dtype"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise _BadRecord("a volume's sidecar is unreadable") from exc
+            if npy is None:
+                continue
+            for index, sop in enumerate(sops):
+                if sop in wanted:
+                    found.setdefault(sop, (str(npy), index, shape, dtype))
+            if wanted <= found.keys():
+                return found
+        return None
+
+    async def _write_npy(self, key: str, values: np.ndarray) -> None:
+        """One slice's own ``.npy`` (a held slice written after all).
+
+        Raises:
+            SinkError: the write failed.
+        """
+        async with ArrayWriter(self._sink, key, values.shape, str(values.dtype)) as out:
+            await out.write(values)
+
     async def _read_members(self, series: SeriesId, keys: list[str]) -> list[Member]:
-        """The member records under ``keys``: this process's own, the rest read back."""
+        """The member records under ``keys``: this process's own, the rest read back (again
+        for one held elsewhere: its worker may have written it since)."""
         known = self._members.setdefault(series, {})
+        kept = self._kept.get(series, {})
         out: list[Member] = []
         for key in keys:
             sop = _sop_of(key)
             member = known.get(sop)
-            if member is None:
+            if member is None or (member.held and sop not in kept):
                 data = await self._sink.get(key)
                 if data is None:
                     continue  # removed meanwhile
@@ -208,20 +570,39 @@ class SeriesAssembler:
             out.append(member)
         return out
 
-    async def _write_volume(self, plan: VolumePlan, key: str) -> None:
-        """Stream the slices, in order, into one ``.npy`` (multipart when large), reading
-        them back ``SLICES_IN_FLIGHT`` at a time while the sink's parts go up."""
-        async with self._sink.array(key, plan.shape, plan.dtype) as out:
+    async def _write_volume(
+        self,
+        plan: VolumePlan,
+        npy_key: str | None,
+        nifti_key: str | None,
+        found: Mapping[str, tuple[str, int, tuple[int, ...], str]],
+    ) -> None:
+        """Stream the slices, in order, into the ``.npy`` (multipart when large) and the
+        ``.nii.gz``, ``SLICES_IN_FLIGHT`` at a time: from memory where they are kept, else
+        read back (their own outputs, or a volume that holds them)."""
+        async with contextlib.AsyncExitStack() as stack:
+            out = None
+            if npy_key is not None:
+                out = await stack.enter_async_context(
+                    ArrayWriter(self._sink, npy_key, plan.shape, plan.dtype)
+                )
+            nifti = _NiftiWriter(plan) if nifti_key is not None else None
             for start in range(0, len(plan.members), SLICES_IN_FLIGHT):
                 batch = plan.members[start : start + SLICES_IN_FLIGHT]
                 arrays = [
                     a.astype(plan.dtype, copy=False)
-                    for a in await self._read_slices(batch, plan.shape[1:])
+                    for a in await self._read_slices(plan.series, batch, plan.shape[1:], found)
                 ]
-                for array in arrays:
-                    await out.write(array)
-                if self._hook is not None:
+                slab = np.concatenate(arrays)
+                if out is not None:
+                    await out.write(slab)
+                if nifti is not None:
+                    await anyio.to_thread.run_sync(nifti.add, slab)
+                if self._hook is not None:  # its own copy: the writers keep views of theirs
                     await self._to_hook(plan, start, np.concatenate(arrays))
+            if nifti is not None and nifti_key is not None:
+                body = await anyio.to_thread.run_sync(nifti.finish)
+                await self._sink.put(nifti_key, body, NIFTI_TYPE)
 
     async def _to_hook(self, plan: VolumePlan, first: int, slab: np.ndarray) -> None:
         """Hand one slab to ``SERIES_HOOK`` on the device thread, copied to the device.
@@ -263,39 +644,94 @@ class SeriesAssembler:
             raise ProcessingError(f"SERIES_HOOK raised {type(exc).__name__}: {exc}") from exc
 
     async def _read_slices(
-        self, members: tuple[Member, ...], rows: tuple[int, ...]
+        self,
+        series: SeriesId,
+        members: tuple[Member, ...],
+        rows: tuple[int, ...],
+        found: Mapping[str, tuple[str, int, tuple[int, ...], str]],
     ) -> list[np.ndarray]:
-        """The slices' arrays, read back at once, in their order.
+        """The slices' arrays, in their order: kept ones from memory, the rest read back
+        at once.
 
         Raises:
             SinkError: a slice could not be read, or is not the shape planned.
         """
+        kept = self._kept.get(series, {})
         values: list[np.ndarray | None] = [None] * len(members)
         errors: list[IngestError] = []
 
         async def read(index: int, member: Member) -> None:
             try:
-                values[index] = await self._read_slice(member, rows)
+                values[index] = await self._read_slice(member, rows, found)
             except IngestError as exc:  # raised below, ungrouped
                 errors.append(exc)
 
         async with anyio.create_task_group() as group:
             for index, member in enumerate(members):
-                group.start_soon(read, index, member)
+                held = kept.get(member.sop_instance_uid)
+                if held is not None:
+                    values[index] = held.values
+                else:
+                    group.start_soon(read, index, member)
         if errors:
             raise errors[0]
-        return [v for v in values if v is not None]
+        out = [v for v in values if v is not None]
+        for member, array in zip(members, out, strict=True):
+            if array.shape != (1, *rows):
+                raise _BadRecord(
+                    f"slice {member.sop_instance_uid} has shape {array.shape}, not {(1, *rows)}"
+                )
+        return out
 
-    async def _read_slice(self, member: Member, rows: tuple[int, ...]) -> np.ndarray:
+    async def _read_slice(
+        self,
+        member: Member,
+        rows: tuple[int, ...],
+        found: Mapping[str, tuple[str, int, tuple[int, ...], str]],
+    ) -> np.ndarray:
+        where = found.get(member.sop_instance_uid) if member.held else None
+        if where is not None:  # a slice of a volume already written
+            key, index, shape, dtype = where
+            size = int(np.prod(shape[1:])) * np.dtype(dtype).itemsize
+            offset = len(npy_header(shape, dtype)) + index * size
+            data = await self._sink.get(key, offset, size)
+            if data is None or len(data) != size:
+                raise _BadRecord(f"slice {member.sop_instance_uid}'s volume is gone")
+            return np.frombuffer(data, dtype=dtype).reshape(1, *shape[1:])
         data = await self._sink.get(member.npy)
         if data is None:
             raise _BadRecord(f"slice {member.sop_instance_uid}'s output is gone")
         values: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
-        if values.shape != (1, *rows):
-            raise _BadRecord(
-                f"slice {member.sop_instance_uid} has shape {values.shape}, not {(1, *rows)}"
-            )
         return values
+
+
+class _NiftiWriter:
+    """A volume's ``.nii.gz``, gzipped slab by slab (in a worker thread) as it is written.
+
+    The compressed bytes are held until the volume's last slab: a gzip's length is
+    not known before, and they are at most the volume's own bytes. The gzip header
+    has no time or name in it, so the same volume gives the same bytes.
+    """
+
+    def __init__(self, plan: VolumePlan) -> None:
+        assert plan.affine is not None  # a refused plan writes no volume
+        dtype = nifti_dtype(plan.dtype)
+        assert dtype is not None
+        self._dtype = dtype
+        self._zip = zlib.compressobj(NIFTI_GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: gzip
+        self._out = [self._zip.compress(nifti_header(plan.shape, dtype, plan.affine))]
+
+    def add(self, slab: np.ndarray) -> None:
+        self._out.append(self._zip.compress(slab.astype(self._dtype, copy=False).tobytes()))
+
+    def finish(self) -> list[memoryview]:
+        self._out.append(self._zip.flush())
+        return [memoryview(b) for b in self._out if b]
+
+
+def _nifti_able(plan: VolumePlan) -> bool:
+    """Whether the volume can be a NIfTI-1 image (monochrome, a type it has)."""
+    return len(plan.shape) == 3 and nifti_dtype(plan.dtype) is not None
 
 
 class _BadRecord(SinkError):

@@ -52,6 +52,8 @@ Device = Literal["auto", "cuda", "cpu"]
 OutputDtype = Literal["float32", "float16", "exact"]
 Sink = Literal["s3", "none"]
 Series = Literal["off", "volume"]
+SeriesSlices = Literal["write", "hold"]
+SeriesFormat = Literal["npy", "nifti", "both"]
 SourceHash = Literal["crc64nvme", "sha256", "sha256-tree", "none"]
 GpuDecode = Literal["auto", "off"]
 FileReader = Literal["auto", "kvikio", "posix"]
@@ -107,6 +109,29 @@ class Settings:
         60.0,
         number(0.1, 86400.0),
         "seconds after a series' last slice before its volume is written without a count",
+    )
+    series_slices: SeriesSlices = contract(
+        "write",
+        one_of(SeriesSlices),
+        (
+            "with `SERIES=volume`: `write` writes every slice's own `.npy` as well (the"
+            " default: each slice stays an output of its own); `hold` keeps a series' slices"
+            " in memory and writes only its volume, their offsets committed once it is"
+            " durable (docs/output.md)"
+        ),
+    )
+    series_format: SeriesFormat = contract(
+        "npy",
+        one_of(SeriesFormat),
+        "a series volume as `npy` (+ JSON sidecar), `nifti` (`.nii.gz`, RAS affine) or `both`",
+    )
+    series_memory: int = contract(
+        1 * GiB,
+        integer(0, 1024 * GiB),
+        (
+            "bytes of slices a worker keeps in memory for its series' volumes (written from"
+            " there, not read back); a slice past it is written (and read back) as without it"
+        ),
     )
     device: Device = contract("auto", one_of(Device), "`auto`, `cuda`, `cpu`")
     file_roots: tuple[tuple[str, str], ...] = contract(

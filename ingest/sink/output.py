@@ -17,10 +17,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import numpy as np
@@ -244,6 +244,26 @@ class ArrayWriter:
                 await self._sink._abort_upload(self._key, self._upload.upload_id)
 
 
+class Writer(Protocol):
+    """What ``OutputSink.array`` gives: ``async with`` it, ``write`` the values in order."""
+
+    async def __aenter__(self) -> Writer: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None: ...
+
+    async def write(self, values: np.ndarray | None) -> None: ...
+
+
+# Given a one-frame output's key, shape and dtype, a writer that keeps its values too
+# (series volumes, ``ingest/pipeline/series.py``), or None for the plain writer.
+Keeper = Callable[[str, tuple[int, ...], str], Writer | None]
+
+
 class DiscardWriter:
     """The writer of ``DICOM_INGEST_SINK=none``: arrays stay where they are (a hook has them)."""
 
@@ -267,10 +287,15 @@ class OutputSink:
         self._client = source.client
         self.settings = settings
         self.parts_in_flight = settings.sink_parts_in_flight
+        self.keep: Keeper | None = None
 
-    def array(self, key: str, shape: tuple[int, ...], dtype: str) -> ArrayWriter | DiscardWriter:
+    def array(self, key: str, shape: tuple[int, ...], dtype: str) -> Writer:
         if self.settings.sink == "none":
             return DiscardWriter()
+        if self.keep is not None and shape and shape[0] == 1:
+            kept = self.keep(key, shape, dtype)
+            if kept is not None:
+                return kept
         return ArrayWriter(self, key, shape, dtype)
 
     async def put(self, key: str, body: list[memoryview], content_type: str) -> None:
@@ -292,19 +317,20 @@ class OutputSink:
         body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
         await self.put(key, [memoryview(body)], "application/json")
 
-    async def get(self, key: str) -> bytes | None:
-        """A whole output object's bytes, or None when there is none (series assembly reads
-        its member records and slices back).
+    async def get(self, key: str, start: int = 0, length: int | None = None) -> bytes | None:
+        """An output object's bytes (``length`` of them from ``start``; all by default), or
+        None when there is none (series assembly reads its member records and slices back).
 
         Raises:
             SinkError: the read failed for good.
         """
+        ranged = {"Range": f"bytes={start}-{start + length - 1}"} if length is not None else {}
 
         async def call() -> bytes | None:
             try:
                 with anyio.fail_after(self.settings.read_timeout_s):
                     answer = await self._client.get_object(
-                        Bucket=self.settings.output_bucket, Key=key
+                        Bucket=self.settings.output_bucket, Key=key, **ranged
                     )
                     async with answer["Body"] as body:
                         data: bytes = await body.read()

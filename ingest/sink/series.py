@@ -17,8 +17,10 @@ restart, plans the same volume:
   (a step of about twice the smallest is a missing slice, named with where it is),
   else no volume;
 - complete when the data says so (every member names the same Images in
-  Acquisition and that many distinct positions are there) or, by the caller's
-  clock, after a quiet period;
+  Acquisition and that many distinct positions are there), when a series
+  manifest names the instances and every one of them is there (the volume is
+  then made of those alone; the others are named), or, by the caller's clock,
+  after a quiet period;
 - versioned by its content: ``version`` is a digest of the members' SOP
   Instance UIDs and output digests, so planning the same members gives the same
   keys and bytes (idempotent), and a late slice makes a new version beside the
@@ -74,6 +76,7 @@ class Member:
     instance_number: int | None
     acquisition_number: int | None
     images_in_acquisition: int | None
+    held: bool = False  # its own output is not written: its values are in a worker's memory
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +91,7 @@ class Member:
             "instance_number": self.instance_number,
             "acquisition_number": self.acquisition_number,
             "images_in_acquisition": self.images_in_acquisition,
+            "held": self.held,
         }
 
 
@@ -113,6 +117,7 @@ def member_from_json(doc: Mapping[str, Any]) -> Member:
         instance_number=_optional_int(doc.get("instance_number")),
         acquisition_number=_optional_int(doc.get("acquisition_number")),
         images_in_acquisition=_optional_int(doc.get("images_in_acquisition")),
+        held=doc.get("held") is True,
     )
 
 
@@ -169,12 +174,17 @@ class VolumePlan:
     affine: tuple[tuple[float, ...], ...] | None
     step_mm: float | None  # between consecutive slices
     version: str
-    complete_by_data: bool  # Images in Acquisition says every slice is here
+    complete_by: str | None  # "images_in_acquisition" or "manifest": every slice is here
     duplicates: tuple[str, ...]  # SOP Instance UIDs left out: a kept slice has their position
     acquisitions: tuple[int, ...]  # more than one: the series mixes acquisitions
     refused: tuple[str, ...]  # why no volume is written (gaps, uneven steps, mixed sizes)
+    not_in_manifest: tuple[str, ...] = ()  # SOP Instance UIDs left out: the manifest omits them
 
-    def as_json(self, npy: str | None) -> dict[str, Any]:
+    @property
+    def complete_by_data(self) -> bool:
+        return self.complete_by is not None
+
+    def as_json(self, npy: str | None, nifti: str | None = None) -> dict[str, Any]:
         """The volume's sidecar (docs/output.md, "Series volumes")."""
         return {
             "study_instance_uid": self.series.study,
@@ -182,6 +192,7 @@ class VolumePlan:
             "frame_of_reference_uid": self.series.frame_of_reference,
             "version": self.version,
             "npy": npy,
+            "nifti": nifti,
             "shape": list(self.shape),
             "dtype": self.dtype,
             "affine": [list(row) for row in self.affine] if self.affine else None,
@@ -189,13 +200,19 @@ class VolumePlan:
             "affine_axes": ["slice", "row", "column"],
             "slice_step_mm": self.step_mm,
             "complete_by_data": self.complete_by_data,
+            "complete_by": self.complete_by,
             "slices": [
-                {"sop_instance_uid": m.sop_instance_uid, "npy": m.npy, "position": list(m.position)}
+                {
+                    "sop_instance_uid": m.sop_instance_uid,
+                    "npy": None if m.held else m.npy,
+                    "position": list(m.position),
+                }
                 for m in self.members
             ],
             "duplicates": list(self.duplicates),
             "acquisitions": list(self.acquisitions),
             "refused": list(self.refused),
+            "not_in_manifest": list(self.not_in_manifest),
         }
 
 
@@ -208,13 +225,25 @@ def version_of(members: Sequence[Member]) -> str:
 
 
 def plan_volume(
-    series: SeriesId, members: Sequence[Member], tolerance: float = DEFAULT_TOLERANCE
+    series: SeriesId,
+    members: Sequence[Member],
+    tolerance: float = DEFAULT_TOLERANCE,
+    manifest: frozenset[str] | None = None,
 ) -> VolumePlan:
-    """The volume the member records make (see the module's docstring for the rules)."""
+    """The volume the member records make (see the module's docstring for the rules).
+
+    ``manifest``: the SOP Instance UIDs a series manifest names; the volume is then
+    made of those members alone, and complete once every one of them is there."""
+    not_in_manifest: tuple[str, ...] = ()
+    if manifest is not None:
+        not_in_manifest = tuple(
+            sorted(m.sop_instance_uid for m in members if m.sop_instance_uid not in manifest)
+        )
+        members = [m for m in members if m.sop_instance_uid in manifest]
     refused: list[str] = []
     version = version_of(members)
     if not members:
-        return _refused(series, version, ("no slices",))
+        return _refused(series, version, ("no slices",), not_in_manifest)
     first = members[0]
     if len({m.shape[1:] for m in members}) > 1:
         refused.append("the slices' sizes differ")
@@ -228,7 +257,7 @@ def plan_volume(
     ):
         refused.append("the slices' orientations differ")
     if refused:
-        return _refused(series, version, tuple(refused))
+        return _refused(series, version, tuple(refused), not_in_manifest)
     orientation = np.asarray(first.orientation, dtype=np.float64)
     normal = np.cross(orientation[:3], orientation[3:])
     order = sorted(
@@ -262,7 +291,11 @@ def plan_volume(
                 )
     totals = {m.images_in_acquisition for m in members}
     total = next(iter(totals)) if len(totals) == 1 else None
-    complete = total is not None and total == len(kept)
+    complete_by = None
+    if manifest is not None and manifest <= {m.sop_instance_uid for m in members}:
+        complete_by = "manifest"
+    elif total is not None and total == len(kept):
+        complete_by = "images_in_acquisition"
     acquisitions = sorted({m.acquisition_number for m in kept if m.acquisition_number is not None})
     dtype = str(np.result_type(*{np.dtype(m.dtype) for m in kept}))
     affine = None
@@ -283,12 +316,29 @@ def plan_volume(
         affine=affine,
         step_mm=step,
         version=version,
-        complete_by_data=complete,
+        complete_by=complete_by,
         duplicates=tuple(duplicates),
         acquisitions=tuple(acquisitions) if len(acquisitions) > 1 else (),
         refused=tuple(refused),
+        not_in_manifest=not_in_manifest,
     )
 
 
-def _refused(series: SeriesId, version: str, why: tuple[str, ...]) -> VolumePlan:
-    return VolumePlan(series, (), (0,), "float32", None, None, version, False, (), (), why)
+def _refused(
+    series: SeriesId, version: str, why: tuple[str, ...], not_in_manifest: tuple[str, ...]
+) -> VolumePlan:
+    return VolumePlan(
+        series, (), (0,), "float32", None, None, version, None, (), (), why, not_in_manifest
+    )
+
+
+def manifest_of(doc: Mapping[str, Any]) -> frozenset[str]:
+    """The SOP Instance UIDs a series manifest names (docs/output.md, "Series volumes").
+
+    Raises:
+        ValueError: not a manifest: no non-empty list of strings ``sop_instance_uids``.
+    """
+    uids = doc.get("sop_instance_uids") if isinstance(doc, Mapping) else None
+    if not isinstance(uids, list) or not uids or not all(isinstance(u, str) and u for u in uids):
+        raise ValueError("a series manifest needs a non-empty list `sop_instance_uids`")
+    return frozenset(uids)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -43,6 +44,9 @@ class Commits:
         self._revoke_deadline_s = revoke_deadline_s
         self._changed = anyio.Event()
         self._progress = anyio.Event()
+        # given the partitions being taken away first: work held for them is finished
+        # (series slices held in memory, SERIES_SLICES=hold) before their front is committed
+        self.revoking: Callable[[list[Partition]], Awaitable[None]] | None = None
 
     def consumed(self, partition: Partition, offset: int) -> None:
         if not self.tracker.owes(partition):  # owing a commit starts now (commit age)
@@ -94,6 +98,11 @@ class Commits:
         partition's next owner (outputs are idempotent).
         """
         with anyio.move_on_after(self._revoke_deadline_s):
+            if self.revoking is not None:
+                try:
+                    await self.revoking(revoked)
+                except Exception as exc:  # what is not finished is redone by the next owner
+                    log.warning("revoked work not finished", error=str(exc))
             while any(self.tracker.in_flight(p) for p in revoked):
                 await self._progress.wait()
         await self.now()

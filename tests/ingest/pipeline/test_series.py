@@ -10,6 +10,7 @@ never saw out (its pending marker is picked up at the next start).
 from __future__ import annotations
 
 import io
+import json
 import random
 import signal
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 
 import anyio
 import highdicom
+import nibabel
 import numpy as np
 import pydicom
 import pytest
@@ -260,3 +262,129 @@ async def test_a_pending_series_is_written_after_a_restart(stack: Stack) -> None
     latest, array = await volume_of(stack, names.output_bucket, prefix)
     assert not latest["complete_by_data"]
     assert array.tobytes() == expected_volume(slices).tobytes()
+
+
+async def output_keys(stack: Stack, bucket: str) -> list[str]:
+    async with harness.s3_client(stack) as s3:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        return [item["Key"] async for page in pages for item in page.get("Contents", [])]
+
+
+async def test_held_slices_write_only_the_volume_and_its_nifti(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """``SERIES_SLICES=hold``: no slice has a ``.npy`` of its own, the volume (and its
+    ``.nii.gz``, which nibabel reads as the same voxels and affine) holds them, and
+    every offset is committed once the volume is durable."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(9, 16, 16, seed=51)
+    shuffled = slices[:]
+    random.Random(8).shuffle(shuffled)
+    await harness.upload(stack, names.source_bucket, shuffled)
+    await publish(stack, names, [k for k, _ in shuffled])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(
+        stack,
+        names,
+        series="volume",
+        series_slices="hold",
+        series_format="both",
+        series_quiet_s="600",
+        output_dtype="exact",
+    )
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    want = expected_volume(slices)
+    assert array.dtype == np.int16  # exact: CT's values as they are
+    np.testing.assert_array_equal(array, want)
+    assert [s["npy"] for s in latest["slices"]] == [None] * len(slices)  # held: none their own
+    keys = await output_keys(stack, names.output_bucket)
+    assert [k for k in keys if k.endswith(".npy")] == [latest["npy"]]
+    assert sum(k.endswith(".json") and "/members/" not in k for k in keys) >= len(slices)
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
+        slices
+    )
+    # the NIfTI: nibabel reads the same voxels, (column, row, slice), and the RAS affine
+    assert latest["nifti"] == latest["npy"].removesuffix(".npy") + ".nii.gz"
+    path = tmp_path / "volume.nii.gz"
+    path.write_bytes(await harness.get_object(stack, names.output_bucket, latest["nifti"]))
+    image = nibabel.load(path)
+    assert isinstance(image, nibabel.Nifti1Image)
+    np.testing.assert_array_equal(np.asarray(image.dataobj), array.transpose(2, 1, 0))
+    lps = np.asarray(latest["affine"])
+    ras = np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps[:, [2, 1, 0, 3]]
+    np.testing.assert_allclose(image.affine, ras, atol=1e-4)
+
+
+@pytest.mark.parametrize("slices_mode", ["write", "hold"])
+async def test_a_memory_budget_smaller_than_the_series(stack: Stack, slices_mode: str) -> None:
+    """Three slices' worth of ``SERIES_MEMORY`` for a series of ten: the rest are written
+    (and read back for the volume) as without it; the volume is the same."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(10, 16, 16, seed=61)
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(
+        stack,
+        names,
+        series="volume",
+        series_slices=slices_mode,
+        series_memory=str(3 * 16 * 16 * 4),
+        series_quiet_s="600",
+        max_objects_in_flight="2",
+    )
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    written = [s["npy"] for s in latest["slices"] if s["npy"] is not None]
+    if slices_mode == "hold":
+        assert 0 < len(written) < len(slices)  # some held, the rest written
+    else:
+        assert len(written) == len(slices)
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
+        slices
+    )
+
+
+async def test_a_manifest_completes_a_series_without_a_count(stack: Stack) -> None:
+    """No Images in Acquisition and a long quiet period: the series manifest names four
+    of the five instances, so the fourth of them to arrive writes their volume; the
+    fifth is named as not in the manifest."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = []
+    uids = []
+    for key, data in synthetic_ct_series(5, 16, 16, seed=71):
+        ds = pydicom.dcmread(io.BytesIO(data))
+        del ds.ImagesInAcquisition
+        uids.append(str(ds.SOPInstanceUID))
+        buffer = io.BytesIO()
+        ds.save_as(buffer)
+        slices.append((key, buffer.getvalue()))
+    series_uid = str(pydicom.dcmread(io.BytesIO(slices[0][1])).SeriesInstanceUID)
+    manifest = {"sop_instance_uids": uids[:4]}
+    await harness.upload(
+        stack,
+        names.output_bucket,
+        [(f"out/series-manifests/{series_uid}.json", json.dumps(manifest).encode())],
+    )
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="600")
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["complete_by"] == "manifest"
+    assert {s["sop_instance_uid"] for s in latest["slices"]} == set(uids[:4])
+    assert array.tobytes() == expected_volume(slices[:4]).tobytes()
+    # the fifth came after (one notification at a time, in order) or before the volume
+    assert latest["not_in_manifest"] in ([], [uids[4]])

@@ -6,6 +6,7 @@ geometry as the header parser reads it), so the plan sees what the worker writes
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -13,7 +14,14 @@ import pytest
 
 from ingest.dicom.parse import DicomHeader, parse_header
 from ingest.embedded.samples import synthetic_ct_series
-from ingest.sink.series import Member, SeriesId, member_from_json, member_of, plan_volume
+from ingest.sink.series import (
+    Member,
+    SeriesId,
+    manifest_of,
+    member_from_json,
+    member_of,
+    plan_volume,
+)
 
 
 def sidecar_of(data: bytes, key: str, dtype: str = "int16") -> dict[str, object]:
@@ -143,3 +151,42 @@ def test_not_a_slice_of_a_volume() -> None:
     assert member_of({**document, "shape": [3, 8, 8]}) is None  # multi-frame: its own volume
     geometry = {**document["geometry"], "image_position_patient": None}  # type: ignore[dict-item]
     assert member_of({**document, "geometry": geometry}) is None  # no position: no place
+
+
+def test_a_manifest_completes_a_series_and_makes_its_volume_of_the_instances_it_names() -> None:
+    series, slices = members(6)
+    bare = [dataclasses.replace(m, images_in_acquisition=None) for m in slices]
+    named = frozenset(m.sop_instance_uid for m in bare[:4])
+    assert plan_volume(series, bare[:3], manifest=named).complete_by is None  # one to come
+    plan = plan_volume(series, bare, manifest=named)
+    assert plan.complete_by == "manifest"
+    assert plan.complete_by_data
+    assert {m.sop_instance_uid for m in plan.members} == named
+    assert plan.not_in_manifest == tuple(sorted(m.sop_instance_uid for m in bare[4:]))
+    assert plan.version == plan_volume(series, bare[:4]).version  # of the named ones alone
+    document = plan.as_json("v.npy")
+    assert document["complete_by"] == "manifest"
+    assert document["not_in_manifest"] == list(plan.not_in_manifest)
+    # without a manifest nor a count, nothing says the series is complete
+    assert plan_volume(series, bare).complete_by is None
+    assert plan_volume(series, slices).complete_by == "images_in_acquisition"
+
+
+@pytest.mark.parametrize(
+    "doc", [{}, {"sop_instance_uids": []}, {"sop_instance_uids": [1]}, {"sop_instance_uids": "x"}]
+)
+def test_what_is_not_a_manifest(doc: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="sop_instance_uids"):
+        manifest_of(doc)
+    assert manifest_of({"sop_instance_uids": ["1.2", "1.3"]}) == {"1.2", "1.3"}
+
+
+def test_a_held_member_has_no_output_of_its_own_in_the_volumes_sidecar() -> None:
+    series, slices = members(3)
+    held = [dataclasses.replace(m, held=True) for m in slices]
+    assert member_from_json(held[0].as_json()) == held[0]
+    assert member_from_json(slices[0].as_json()).held is False
+    plan = plan_volume(series, held[:1] + slices[1:])
+    npys = {s["sop_instance_uid"]: s["npy"] for s in plan.as_json("v.npy")["slices"]}
+    assert npys[held[0].sop_instance_uid] is None
+    assert npys[slices[1].sop_instance_uid] == slices[1].npy
