@@ -52,6 +52,7 @@ Device = Literal["auto", "cuda", "cpu"]
 OutputDtype = Literal["float32", "float16", "exact"]
 Sink = Literal["s3", "none"]
 Series = Literal["off", "volume"]
+SlideLayout = Literal["tiles", "ome-zarr"]
 SourceHash = Literal["crc64nvme", "sha256", "sha256-tree", "none"]
 GpuDecode = Literal["auto", "off"]
 FileReader = Literal["auto", "kvikio", "posix"]
@@ -92,6 +93,15 @@ class Settings:
         (
             "`float32`, `float16`, or `exact`: each object's values in the narrowest type that"
             " holds them exactly (8-bit stays `uint8`, CT `int16`; docs/output.md)"
+        ),
+    )
+    slide_layout: SlideLayout = contract(
+        "tiles",
+        one_of(SlideLayout),
+        (
+            "how a tiled whole-slide image is written: `tiles`, its frames as one `.npy` like"
+            " any object's; `ome-zarr`, its whole matrix as an OME-Zarr image (NGFF 0.4,"
+            " Zarr v2), one chunk a tile, under `.zarr/` (docs/output.md)"
         ),
     )
     series: Series = contract(
