@@ -153,4 +153,4 @@ def test_put_raw_writes_what_the_settings_ours_runs_with_say() -> None:
     assert out.npy_key == f"{PREFIX}src/{key}.npy"
     document = json.loads(out.sidecar)
     assert (document["dtype"], document["shape"]) == ("float16", [1, 512, 512])
-    assert document["output"] == {"npy": out.npy_key, "json": out.json_key}
+    assert document["output"] == {"npy": out.npy_key, "zarr": None, "json": out.json_key}
