@@ -100,8 +100,9 @@ class Settings:
         one_of(SlideLayout),
         (
             "how a tiled whole-slide image is written: `tiles`, its frames as one `.npy` like"
-            " any object's; `ome-zarr`, its whole matrix as an OME-Zarr image (NGFF 0.4,"
-            " Zarr v2), one chunk a tile, under `.zarr/` (docs/output.md)"
+            " any object's; `ome-zarr`, its whole matrix as an OME-Zarr image (NGFF 0.4, Zarr"
+            " v2; level 0, a chunk a tile) at `.zarr` in place of the `.npy` (docs/output.md)."
+            " `tiles` by default: what today's consumers read, in fewer requests to S3"
         ),
     )
     series: Series = contract(
