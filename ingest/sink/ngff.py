@@ -139,11 +139,12 @@ class ZarrPlan:
         rows_in = min(self.tile_rows, self.total_rows - down * self.tile_rows)
         columns_in = min(self.tile_columns, self.total_columns - across * self.tile_columns)
         planes = np.moveaxis(tile, -1, 0)
-        inside = rows_in == self.tile_rows and columns_in == self.tile_columns
-        if inside and self.samples == 1 and planes.flags.c_contiguous:
-            return planes
-        out = np.zeros(self.chunks, dtype=self.dtype)
+        if rows_in == self.tile_rows and columns_in == self.tile_columns:
+            return np.ascontiguousarray(planes)  # no copy for a monochrome tile
+        out = np.empty(self.chunks, dtype=self.dtype)
         out[:, :rows_in, :columns_in] = planes[:, :rows_in, :columns_in]
+        out[:, rows_in:, :] = 0
+        out[:, :rows_in, columns_in:] = 0
         return out
 
     def fill_chunk(self) -> bytes:

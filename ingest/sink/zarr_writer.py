@@ -118,19 +118,30 @@ class ZarrWriter:
         whole = len(data) // self._frame_bytes
         if whole:
             frames = data[: whole * self._frame_bytes].view(self.plan.dtype)
-            for frame in frames.reshape(whole, *self._frame_shape):
-                await self._put_frame(frame)
+            await self._put_frames(frames.reshape(whole, *self._frame_shape))
         if len(data) > whole * self._frame_bytes:
             self._partial += data[whole * self._frame_bytes :].tobytes()
 
     async def _put_frame(self, frame: npt.NDArray[Any]) -> None:
-        if self._next >= self.plan.frames:
+        await self._put_frames(frame[None])
+
+    async def _put_frames(self, frames: npt.NDArray[Any]) -> None:
+        """Frames ``_next`` on, each its chunk's PUT. The chunks (an RGB tile's samples
+        made planes: a strided copy of ~0.5 ms a 256 x 256 tile) are made in a thread,
+        a write's frames at once, so the event loop only starts the PUTs."""
+        first = self._next
+        if first + len(frames) > self.plan.frames:
             raise _PermanentSinkError(f"more than the slide's {self.plan.frames} frames")
-        index = self._next
-        self._next += 1
-        chunk = self.plan.chunk(index, frame)
-        body = np.ascontiguousarray(chunk).reshape(-1).view(np.uint8).data
-        await self._start(self.plan.chunk_key(self.plan.cell(index)), body)
+        self._next += len(frames)
+        bodies = await anyio.to_thread.run_sync(self._chunks, first, frames)
+        for index, body in enumerate(bodies, first):
+            await self._start(self.plan.chunk_key(self.plan.cell(index)), body)
+
+    def _chunks(self, first: int, frames: npt.NDArray[Any]) -> list[memoryview]:
+        return [
+            self.plan.chunk(index, frame).reshape(-1).view(np.uint8).data
+            for index, frame in enumerate(frames, first)
+        ]
 
     async def _start(self, key: str, body: memoryview) -> None:
         await self._limiter.acquire()  # bounds the chunks (memory) in flight
