@@ -35,6 +35,9 @@ zarr = pytest.importorskip("zarr")
 s3fs = pytest.importorskip("s3fs")
 
 
+LARGE_KEPT = [47, *range(0, 46, 2)]  # the last tile first, then every other one
+
+
 def _objects() -> tuple[dict[str, bytes], dict[str, list[tuple[int, int]] | None]]:
     """The slides, and where each one's tiles go (None: TILED_FULL's order)."""
     full = slides.tiled_full(3, 2, 32)
@@ -47,9 +50,12 @@ def _objects() -> tuple[dict[str, bytes], dict[str, list[tuple[int, int]] | None
         "slide/sparse.dcm": slides.sparse(full, [4, 0, 2]),
         # two optical paths: six channels
         "slide/paths.dcm": slides.optical_paths(full, 2),
+        # sparse and larger than a part: its per-frame places are read before the tiles
+        "slide/large-sparse.dcm": slides.sparse(slides.tiled_full(8, 6, 64), LARGE_KEPT),
     }
     places: dict[str, list[tuple[int, int]] | None] = {k: None for k in objects}
     places["slide/sparse.dcm"] = [(1, 1), (0, 0), (0, 2)]
+    places["slide/large-sparse.dcm"] = [divmod(k, 8) for k in LARGE_KEPT]
     return objects, places
 
 
@@ -130,6 +136,8 @@ async def test_slides_as_ome_zarr_read_by_zarr_python_and_ome_zarr(
     # a sparse slide's cells without a tile are written, as the fill value
     sparse_keys = await _listing(stack, names.output_bucket, f"{base}/slide/sparse.dcm.zarr/0/")
     assert len(sparse_keys) == 6 + 1  # every cell of the 3 x 2 grid, and .zarray
+    large = await _listing(stack, names.output_bucket, f"{base}/slide/large-sparse.dcm.zarr/0/")
+    assert len(large) == 48 + 1
 
     dlq = await harness.read_json_topic(stack, names.dlq_topic)
     assert [(d["key"], d["reason"], d["step"]) for d in dlq] == [
