@@ -31,6 +31,7 @@ place each (``fetch.translate_s3_error``, ``dicom.parse_header``), always with
     ├── LimitExceeded                the input asks for more than our bounds allow
     ├── ProcessingError              the GPU/CPU preprocessing stage failed
     ├── SinkError                    writing outputs / results        (retriable)
+    │   └── LayoutRefused            the object cannot take the output layout asked for
     ├── BrokerError                  Kafka unreachable, timing out    (retriable)
     │   └── BrokerRejected           Kafka refused for good (size, authorization)
     └── KeyServiceError              KMS or the keyring gave no data key  (retriable)
@@ -176,6 +177,15 @@ class SinkError(IngestError):
     retriable = True
     reason = "sink"
     step = "sink"
+
+
+class LayoutRefused(SinkError):
+    """The object cannot be written in the output layout the settings ask for (a slide
+    whose tiles do not make one grid, as ``SLIDE_LAYOUT=ome-zarr`` needs); the message
+    says why. Trying again gives the same answer; with another layout it would be written."""
+
+    retriable = False
+    reason = "layout_refused"
 
 
 class BrokerError(IngestError):

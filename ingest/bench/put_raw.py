@@ -14,7 +14,11 @@ timings). Shapes come from each object's header, read and parsed in ``prepare``
   parts that have none: ``ingest.sink.output``); create and complete through botocore
   (the sink: aiobotocore);
 - every other PUT (the other ``.npy``s, every sidecar) is one PUT, all of them at once
-  on ``2 x fetch_concurrency`` threads, the number of PUT threads the worker has.
+  on ``2 x fetch_concurrency`` threads, the number of PUT threads the worker has;
+- with ``slide_layout=ome-zarr`` a slide's outputs are what the OME-Zarr writer sends
+  (``ingest.sink.zarr_writer``): the three DELETEs of its metadata, then a PUT a tile
+  of the chunk's size, at most ``chunks_in_flight`` of them at once as the writer
+  bounds them, a sparse slide's empty cells, then the three metadata documents.
 
 Why this is the raw ceiling: the data PUTs go through the sink's own transport,
 ``ingest.fetch.threaded_http.put_from`` on a ``ConnectionPool`` (keep-alive
@@ -61,8 +65,18 @@ from ingest.fetch.s3 import ObjectHead
 from ingest.fetch.sigv4 import Address, Keys, presigned_url
 from ingest.fetch.threaded_http import ConnectionPool, ca_bundle, put_from
 from ingest.settings import Settings
-from ingest.sink.output import NPY_TYPE, npy_header, output_dtype, output_part_size, sse
+from ingest.sink.ngff import CHUNK_TYPE, Origin, ZarrPlan, zarr_plan, zarr_root
+from ingest.sink.output import (
+    MIN_PART,
+    NPY_TYPE,
+    npy_header,
+    output_dtype,
+    output_part_size,
+    sse,
+    writes_zarr,
+)
 from ingest.sink.records import Processed, Timings, sidecar
+from ingest.sink.zarr_writer import chunks_in_flight
 from ingest.source.notifications import ObjectRef
 from ingest_gpu.preprocess import preprocess_numpy
 
@@ -87,6 +101,13 @@ class Output:
     multipart: bool
     sidecar: bytes
     values: memoryview  # the first of the array's values (bytes), repeated over the rest
+    zarr: ZarrPlan | None = None  # a slide written as OME-Zarr: its chunks instead of the .npy
+
+    def chunk_body(self, frame: int) -> list[memoryview]:
+        """Tile ``frame``'s chunk: its size of values, from ``values`` (wrapping round)."""
+        assert self.zarr is not None
+        size = self.zarr.chunk_bytes
+        return self.body(len(self.header) + frame * size, size)
 
     def parts(self) -> list[tuple[int, int, int]]:
         """(part number, offset, length) of each part of the ``.npy``."""
@@ -137,10 +158,15 @@ def output_of(
         base + ".json",
         Timings(0.001234, 0.001234, 0.012345, 0.023456),
     )
+    plan = None
+    if writes_zarr(settings, header):
+        origin = Origin(header, target.source_bucket, key, None, etag, size)
+        plan = zarr_plan(zarr_root(base + ".npy"), origin, dtype, settings.window)
+        done.output_key, done.layout = plan.root, "ome-zarr"
     document = sidecar(done, settings.window, dtype)
     body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-    multipart = total > 2 * part
-    return Output(base + ".npy", base + ".json", head, total, part, multipart, body, values)
+    multipart = total > 2 * part and plan is None
+    return Output(base + ".npy", base + ".json", head, total, part, multipart, body, values, plan)
 
 
 class PutRawReader:
@@ -285,6 +311,35 @@ class PutRawReader:
             raise
         return out.total
 
+    def _zarr(self, out: Output) -> int:
+        """One slide's OME-Zarr image, as ``ingest.sink.zarr_writer`` sends it."""
+        puts, plan = self._puts, out.zarr
+        assert puts is not None
+        assert plan is not None
+        for key in plan.metadata_keys_to_clear():
+            self._client.delete_object(Bucket=self._target.output_bucket, Key=key)
+        room = threading.Semaphore(
+            chunks_in_flight(self._settings.sink_parts_in_flight, MIN_PART, plan.chunk_bytes)
+        )
+        sent: list[concurrent.futures.Future[int]] = []
+
+        def start(key: str, body: list[memoryview]) -> None:
+            room.acquire()
+            future = puts.submit(self._put, key, body, CHUNK_TYPE)
+            future.add_done_callback(lambda _: room.release())
+            sent.append(future)
+
+        for frame in range(plan.frames):
+            start(plan.chunk_key(plan.cell(frame)), out.chunk_body(frame))
+        fill = [memoryview(plan.fill_chunk())]
+        for cell in plan.empty_cells():
+            start(plan.chunk_key(cell), fill)
+        total = sum(f.result() for f in sent)
+        for key, document in plan.metadata():
+            body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+            total += self._put(key, [memoryview(body)], JSON_TYPE)
+        return total
+
     def run(self, workload: Workload) -> dict[str, Any]:
         """Every output PUT once; returns the bytes and requests sent.
 
@@ -294,18 +349,24 @@ class PutRawReader:
         """
         assert self._puts is not None
         large = [o for o in self._outputs if o.multipart]
+        images = [o for o in self._outputs if o.zarr is not None]
         futures: list[concurrent.futures.Future[int]] = []
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(large)), "put-raw-mp") as drivers:
+        drivers_count = max(1, len(large) + len(images))
+        with concurrent.futures.ThreadPoolExecutor(drivers_count, "put-raw-mp") as drivers:
             futures += [drivers.submit(self._multipart, o) for o in large]
+            futures += [drivers.submit(self._zarr, o) for o in images]
             for out in self._outputs:
-                if not out.multipart:
+                if not out.multipart and out.zarr is None:
                     body = out.body(0, out.total)
                     futures.append(self._puts.submit(self._put, out.npy_key, body, NPY_TYPE))
                 body = [memoryview(out.sidecar)]
                 futures.append(self._puts.submit(self._put, out.json_key, body, JSON_TYPE))
             sent = sum(f.result() for f in futures)
         parts = sum(len(o.parts()) for o in large)
+        chunks = sum(o.zarr.frames + len(list(o.zarr.empty_cells())) for o in images if o.zarr)
         return {
+            "zarr_images": len(images),
+            "zarr_chunks": chunks,
             "output_bytes": sent,
             "npy_bytes": sum(o.total for o in self._outputs),
             "single_puts": 2 * len(self._outputs) - len(large),

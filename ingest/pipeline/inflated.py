@@ -50,7 +50,15 @@ from ingest.pipeline.decoded import (
     frames_per_group,
     out_itemsize,
 )
-from ingest.pipeline.jobs import Context, Done, Located, Target, decoding, object_reads
+from ingest.pipeline.jobs import (
+    Context,
+    Done,
+    Located,
+    Target,
+    decoding,
+    object_reads,
+    output_array,
+)
 from ingest.sink.output import output_dtype
 from ingest.sink.records import Timings
 
@@ -189,7 +197,7 @@ async def _inflate(
     timings = Timings(parse_s=time.perf_counter() - started)
     started = time.perf_counter()
     dtype = output_dtype(ctx.settings, header)
-    async with ctx.sink.array(npy_key, header.pixel.shape, dtype) as out:
+    async with output_array(ctx, obj, npy_key, header, dtype) as out:
         pixels = prefix[header.pixel_offset :]
         del prefix
         with decoding():

@@ -33,7 +33,8 @@ from ingest.fetch.s3 import ObjectHead
 from ingest.fetch.sources import Location, Sources
 from ingest.hooks import Hook, HookChunk
 from ingest.settings import Settings
-from ingest.sink.output import MIN_PART, OutputSink, output_dtype
+from ingest.sink.ngff import Origin
+from ingest.sink.output import MIN_PART, OutputSink, Writer, output_dtype
 from ingest.sink.records import Timings
 from ingest.source.notifications import ObjectRef
 from ingest_gpu.decode import EncodedFrames
@@ -146,6 +147,20 @@ class Located:
 
 
 Done = tuple[DicomHeader, Digests, str, Timings]  # header, digests, backend, timings
+
+
+def output_array(
+    ctx: Context, obj: Located, npy_key: str, header: DicomHeader, dtype: str
+) -> Writer:
+    """The writer of the object's output values (``OutputSink.array``), told where the
+    values come from: a slide may go to an OME-Zarr image (``SLIDE_LAYOUT``).
+
+    Raises:
+        LayoutRefused: a slide that cannot be one OME-Zarr array.
+    """
+    head = obj.head
+    origin = Origin(header, obj.ref.bucket, obj.ref.key, head.version_id, head.etag, head.size)
+    return ctx.sink.array(npy_key, header.pixel.shape, dtype, origin)
 
 
 def chunk_job(

@@ -31,12 +31,13 @@ from ingest.pipeline.jobs import (
     chunk_job,
     device_plan,
     object_reads,
+    output_array,
     pixel_chunks,
     pixels_start,
 )
 from ingest.pipeline.streamed import decode_streamed
 from ingest.settings import Settings
-from ingest.sink.output import Writer, output_dtype
+from ingest.sink.output import Writer, output_dtype, writes_zarr
 from ingest.sink.records import Timings
 from ingest_gpu.thread import ChunkResult
 
@@ -121,10 +122,15 @@ async def read_large(
     first range.
     """
     timings = Timings()
+    if prefix is not None and writes_zarr(ctx.settings, layout):
+        # a slide's image needs each frame's place (TILED_SPARSE's per-frame values) and
+        # its pixel spacing before its first tile
+        layout = await anyio.to_thread.run_sync(_parse_in_full, prefix, obj.head.size, ctx.settings)
+        prefix = None
     if layout.codec is not None:  # encapsulated frames, decoded as their ranges arrive
         t = time.perf_counter()
         dtype = output_dtype(ctx.settings, layout)
-        async with ctx.sink.array(npy_key, layout.pixel.shape, dtype) as out:
+        async with output_array(ctx, obj, npy_key, layout, dtype) as out:
             compressed = is_compressed(layout.transfer_syntax_uid)
             stream = decode_streamed if compressed else decode_streamed_native
             await stream(ctx, obj, layout, hasher, out.write)
@@ -141,7 +147,7 @@ async def read_large(
         header = await anyio.to_thread.run_sync(_parse_in_full, prefix, obj.head.size, ctx.settings)
         prefix = None
     async with (
-        ctx.sink.array(npy_key, layout.pixel.shape, output_dtype(ctx.settings, header)) as out,
+        output_array(ctx, obj, npy_key, header, output_dtype(ctx.settings, header)) as out,
         object_reads(ctx, obj, [c.range for c in chunks], hasher) as reads,
     ):
         if prefix is not None:  # counted in device_s: the first ranges arrive meanwhile

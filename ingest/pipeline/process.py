@@ -33,10 +33,18 @@ from ingest.fetch.planning import first_read
 from ingest.fetch.ring import Slot
 from ingest.pipeline.decoded import decode_whole
 from ingest.pipeline.inflated import inflate_ranged, inflate_whole
-from ingest.pipeline.jobs import Context, Done, Located, chunk_job, decoding, pixel_chunks
+from ingest.pipeline.jobs import (
+    Context,
+    Done,
+    Located,
+    chunk_job,
+    decoding,
+    output_array,
+    pixel_chunks,
+)
 from ingest.pipeline.large import read_header, read_large
 from ingest.settings import Settings
-from ingest.sink.output import output_dtype, output_keys
+from ingest.sink.output import output_dtype, output_key, output_keys, writes_zarr
 from ingest.sink.records import Processed, Timings
 from ingest.source.notifications import ObjectRef
 
@@ -100,7 +108,9 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     timings.first_get_s = first_s
     timings.started_at = started
     timings.total_s = time.perf_counter() - started
-    return Processed(ref, head, header, digests, backend, npy_key, json_key, timings)
+    key = output_key(ctx.settings, header, npy_key)
+    written_as = "ome-zarr" if writes_zarr(ctx.settings, header) else "npy"
+    return Processed(ref, head, header, digests, backend, key, json_key, timings, written_as)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +165,8 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _
         if header.codec is not None:
             value = data[header.pixel_offset : header.pixel_offset + header.pixel_length]
             t = time.perf_counter()
-            shape, dtype = header.pixel.shape, output_dtype(ctx.settings, header)
-            async with ctx.sink.array(npy_key, shape, dtype) as out:
+            dtype = output_dtype(ctx.settings, header)
+            async with output_array(ctx, obj, npy_key, header, dtype) as out:
                 await decode_whole(ctx, obj.target, header, value, out.write)
             timings.device_s = time.perf_counter() - t
             return header, digests, ctx.device.backend, timings
@@ -164,8 +174,8 @@ async def _small(ctx: Context, obj: Located, slot: Slot, npy_key: str, parsed: _
         chunk = pixel_chunks(header, obj.head.size + 2 * ITEM_HEADER)[0]
         view = data[chunk.range.start : chunk.range.end]
         t = time.perf_counter()
-        shape, dtype = header.pixel.shape, output_dtype(ctx.settings, header)
-        async with ctx.sink.array(npy_key, shape, dtype) as out:
+        dtype = output_dtype(ctx.settings, header)
+        async with output_array(ctx, obj, npy_key, header, dtype) as out:
             job = chunk_job(ctx, obj.target, header, slot, view, chunk)
             result = await ctx.device.process(job)
             timings.device_s = time.perf_counter() - t

@@ -54,6 +54,7 @@ Sink = Literal["s3", "none"]
 Series = Literal["off", "volume"]
 SeriesSlices = Literal["write", "hold"]
 SeriesFormat = Literal["npy", "nifti", "both"]
+SlideLayout = Literal["tiles", "ome-zarr"]
 SourceHash = Literal["crc64nvme", "sha256", "sha256-tree", "none"]
 GpuDecode = Literal["auto", "off"]
 FileReader = Literal["auto", "kvikio", "posix"]
@@ -94,6 +95,16 @@ class Settings:
         (
             "`float32`, `float16`, or `exact`: each object's values in the narrowest type that"
             " holds them exactly (8-bit stays `uint8`, CT `int16`; docs/output.md)"
+        ),
+    )
+    slide_layout: SlideLayout = contract(
+        "tiles",
+        one_of(SlideLayout),
+        (
+            "how a tiled whole-slide image is written: `tiles`, its frames as one `.npy` like"
+            " any object's; `ome-zarr`, its whole matrix as an OME-Zarr image (NGFF 0.4, Zarr"
+            " v2; level 0, a chunk a tile) at `.zarr` in place of the `.npy` (docs/output.md)."
+            " `tiles` by default: what today's consumers read, in fewer requests to S3"
         ),
     )
     series: Series = contract(

@@ -1,11 +1,12 @@
 """Writing outputs: the ``.npy`` array (streamed, multipart when large) and its JSON sidecar.
 
 For a source ``s3://B/K`` the outputs are ``OUTPUT_URL + B + "/" + K + ".npy"``
-and ``... + ".json"`` (docs/output.md). The array arrives as output chunks in
-order; small arrays are written with one PUT, larger ones with a multipart
-upload whose parts (8 MiB, S3 wants at least 5 MiB; larger only when an
-output would need more than S3's 10,000 parts) are uploaded while later
-chunks are still being processed, ``SINK_PARTS_IN_FLIGHT`` at a time, so the
+and ``... + ".json"`` (docs/output.md); a slide with ``SLIDE_LAYOUT=ome-zarr`` goes
+to ``... + ".zarr"`` instead of the ``.npy`` (``ingest.sink.zarr_writer``). The array
+arrives as output chunks in order; small arrays are written with one PUT, larger
+ones with a multipart upload whose parts (8 MiB, S3 wants at least 5 MiB; larger
+only when an output would need more than S3's 10,000 parts) are uploaded while
+later chunks are still being processed, ``SINK_PARTS_IN_FLIGHT`` at a time, so the
 sink holds at most that many parts plus one of memory per object whatever
 its size. The bytes depend only on the source version and the settings, so
 writing the same object twice gives the same keys with the same bytes
@@ -31,6 +32,8 @@ from ingest.errors import ObjectNotFound, SinkError
 from ingest.fetch.s3 import S3Source, translate_s3_error
 from ingest.retry import with_retries
 from ingest.settings import Settings
+from ingest.sink.ngff import Origin, zarr_plan, zarr_root
+from ingest.sink.zarr_writer import ZarrWriter
 from ingest_gpu.formats import OutDtype
 from ingest_gpu.preprocess import narrowest_exact
 
@@ -62,6 +65,18 @@ def output_dtype(settings: Settings, header: DicomHeader) -> OutDtype:
     if settings.output_dtype != "exact":
         return settings.output_dtype
     return narrowest_exact(header.pixel, header.transform(settings.window, "float32"))
+
+
+def writes_zarr(settings: Settings, header: DicomHeader) -> bool:
+    """Whether this object's array goes to an OME-Zarr image (a slide, with
+    ``SLIDE_LAYOUT=ome-zarr`` and the S3 sink) rather than a ``.npy``."""
+    zarr = settings.slide_layout == "ome-zarr" and settings.sink == "s3"
+    return zarr and header.slide is not None
+
+
+def output_key(settings: Settings, header: DicomHeader, npy_key: str) -> str:
+    """The key of the object's array output: ``npy_key``, or its image's root."""
+    return zarr_root(npy_key) if writes_zarr(settings, header) else npy_key
 
 
 def output_keys(settings: Settings, bucket: str, key: str) -> tuple[str, str]:
@@ -289,9 +304,21 @@ class OutputSink:
         self.parts_in_flight = settings.sink_parts_in_flight
         self.keep: Keeper | None = None
 
-    def array(self, key: str, shape: tuple[int, ...], dtype: str) -> Writer:
+    def array(
+        self, key: str, shape: tuple[int, ...], dtype: str, origin: Origin | None = None
+    ) -> Writer:
+        """The writer of one object's output values: its ``.npy`` at ``key``, or with
+        ``origin`` a slide's OME-Zarr image when ``writes_zarr`` says so; a one-frame
+        output's values are also kept when ``keep`` (series volumes) asks for them.
+
+        Raises:
+            LayoutRefused: the slide cannot be one OME-Zarr array (the message says why).
+        """
         if self.settings.sink == "none":
             return DiscardWriter()
+        if origin is not None and writes_zarr(self.settings, origin.header):
+            plan = zarr_plan(zarr_root(key), origin, dtype, self.settings.window)
+            return ZarrWriter(self, plan, shape, dtype, MIN_PART)
         if self.keep is not None and shape and shape[0] == 1:
             kept = self.keep(key, shape, dtype)
             if kept is not None:

@@ -47,6 +47,7 @@ class Processed:
     output_key: str
     sidecar_key: str
     timings: Timings = field(default_factory=Timings)
+    layout: str = "npy"  # of ``output_key``: "npy", or "ome-zarr" (a slide's image root)
 
 
 def _now() -> str:
@@ -71,7 +72,7 @@ def sidecar(
             "sha256_tree": done.digests.sha256_tree,
             "crc64nvme": done.digests.crc64nvme,
         },
-        "output": {"npy": done.output_key, "json": done.sidecar_key} if written else None,
+        "output": _outputs(done) if written else None,
         "study_instance_uid": h.study_instance_uid,
         "series_instance_uid": h.series_instance_uid,
         "sop_instance_uid": h.sop_instance_uid,
@@ -102,6 +103,15 @@ def sidecar(
             "device_s": round(t.device_s, 6),
             "total_s": round(t.total_s, 6),
         },
+    }
+
+
+def _outputs(done: Processed) -> dict[str, str | None]:
+    zarr = done.layout == "ome-zarr"
+    return {
+        "npy": None if zarr else done.output_key,
+        "zarr": done.output_key if zarr else None,
+        "json": done.sidecar_key,
     }
 
 

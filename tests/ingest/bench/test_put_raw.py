@@ -22,6 +22,7 @@ from ingest.bench.workloads import S3Target, ensure_buckets, prepare_workloads
 from ingest.dicom.header import DicomHeader
 from ingest.dicom.parse import parse_header
 from ingest.embedded.samples import synthetic_ct_series
+from ingest.embedded.samples_slide import jpeg_slide_bytes
 from ingest.embedded.stack import Stack
 from ingest.sink.output import MIN_PART
 
@@ -153,4 +154,21 @@ def test_put_raw_writes_what_the_settings_ours_runs_with_say() -> None:
     assert out.npy_key == f"{PREFIX}src/{key}.npy"
     document = json.loads(out.sidecar)
     assert (document["dtype"], document["shape"]) == ("float16", [1, 512, 512])
-    assert document["output"] == {"npy": out.npy_key, "json": out.json_key}
+    assert document["output"] == {"npy": out.npy_key, "zarr": None, "json": out.json_key}
+
+
+def test_put_raw_writes_a_slide_as_the_ome_zarr_writer_does() -> None:
+    target = S3Target("http://127.0.0.1:1", "us-east-1", "k", "s", "src", "out")
+    config = BenchConfig(worker_settings=(("output_dtype", "exact"), ("slide_layout", "ome-zarr")))
+    settings = worker_settings(config, target, "127.0.0.1:9092", "t", "l", "ours")
+    data = jpeg_slide_bytes(tiles_across=3, tiles_down=2, tile=32, matrix=(50, 70))
+    header = parse_header(data, len(data))
+    assert isinstance(header, DicomHeader)
+    out = output_of(settings, target, "s.dcm", len(data), "e", header, memoryview(bytes(range(7))))
+    assert out.zarr is not None
+    assert not out.multipart
+    assert out.zarr.root == f"{PREFIX}src/s.dcm.zarr"
+    assert out.zarr.chunk_bytes == 32 * 32 * 3
+    assert [len(b"".join(out.chunk_body(k))) for k in range(6)] == [32 * 32 * 3] * 6
+    document = json.loads(out.sidecar)
+    assert document["output"] == {"npy": None, "zarr": out.zarr.root, "json": out.json_key}
