@@ -22,15 +22,18 @@ that. ``start`` lets aiokafka's own leave run for generation 0 too.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
+import structlog
 
 from ingest.settings import Settings
 from ingest.source.commits import Commits, Rebalance
 from ingest.source.kafka import make_consumer
 
 CLOSE_TIMEOUT_S = 10.0
+log = structlog.get_logger("dicom_ingest.group")
 
 
 class GroupMember:
@@ -64,7 +67,16 @@ class GroupMember:
         next rebalance.
         """
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-            await self.consumer.stop()
+            try:
+                await self.consumer.stop()
+            except asyncio.CancelledError:
+                # aiokafka's stop passes on the cancellation of its own tasks (its group
+                # coordinator's, when the broker is gone): the consumer is closed either
+                # way. A cancellation of this task is kept; the shield holds the outer ones.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                log.warning("consumer closed with its broker unreachable")
 
 
 def _leave_from_generation_zero(coordinator: Any) -> None:

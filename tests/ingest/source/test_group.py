@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 import uuid
@@ -18,6 +19,7 @@ from ingest.embedded.samples import synthetic_ct_series
 from ingest.embedded.stack import Stack, embedded_stack
 from ingest.pipeline.jobs import Context
 from ingest.sink.records import Processed
+from ingest.source.group import GroupMember
 from ingest.source.notifications import ObjectRef
 from ingest.worker import Outcome, Worker
 from tests import harness
@@ -251,3 +253,36 @@ async def test_a_repeat_is_not_committed_before_the_object_it_repeats_finished(
                 await anyio.sleep(0.2)
         worker.stop()
     assert worker.stats.processed == 1
+
+
+class _StopPassesOnItsCancellation:
+    """aiokafka's consumer as its ``stop`` behaves with the broker gone: the cancellation
+    of its own coordinator task comes out of it."""
+
+    async def stop(self) -> None:
+        raise asyncio.CancelledError
+
+
+class _StopWaits:
+    async def stop(self) -> None:
+        await asyncio.sleep(3600)
+
+
+def _member_with(consumer: object) -> GroupMember:
+    member = GroupMember.__new__(GroupMember)
+    member.consumer = consumer
+    return member
+
+
+@pytest.mark.anyio
+async def test_a_consumer_stop_that_passes_on_its_own_cancellation_closes_quietly() -> None:
+    await _member_with(_StopPassesOnItsCancellation()).aclose()  # no CancelledError
+
+
+@pytest.mark.anyio
+async def test_a_close_that_is_itself_cancelled_ends_cancelled() -> None:
+    task = asyncio.ensure_future(_member_with(_StopWaits()).aclose())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
