@@ -8,9 +8,10 @@ both before the slice's offset is committed: the assembly's whole state is
 durable outputs or uncommitted offsets, so a worker killed at any point, or a
 partition that moves to another worker, loses nothing. Then:
 
-- when the data says the series is complete (Images in Acquisition, or a series
-  manifest whose instances are all there), the slice that completes it writes
-  the volume before its own offset is committed;
+- when the data says the series is complete (Images in Acquisition, NM's and
+  PET's Number of Slices, or a series manifest whose instances are all there),
+  the slice that completes it writes the volume before its own offset is
+  committed;
 - else, ``SERIES_QUIET_S`` after a series' last slice arrived here, the
   assembler plans it from its member records (those of every worker) and
   writes what they make; at start-up, every pending marker is due after the
@@ -299,9 +300,9 @@ class SeriesAssembler:
             slices[member.sop_instance_uid] = kept
         self._due[series] = time.monotonic() + self._settings.series_quiet_s
         self._wake.set()
-        total = member.images_in_acquisition
+        counts = (member.images_in_acquisition, member.volume_slices)
         manifest = await self._manifest(series, refresh_after=1.0)
-        if (total is not None and len(members) >= total) or (
+        if any(c is not None and len(members) >= c for c in counts) or (
             manifest is not None and manifest <= members.keys()
         ):
             await self.assemble(series, quiet=False)

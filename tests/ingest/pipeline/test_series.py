@@ -3,8 +3,9 @@
 Each volume must equal its slices' arrays (pydicom's values, as every output is)
 stacked in their order along the slice normal, whatever order the slices came
 in, with two series interleaved, a slice missing then arriving late, a worker
-process SIGKILLed mid-series, and a series whose quiet period a stopped worker
-never saw out (its pending marker is picked up at the next start).
+process SIGKILLed mid-series (slices written or held), a PET series completed by
+its Number of Slices, and a series whose quiet period a stopped worker never saw
+out (its pending marker is picked up at the next start).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pydicom
 import pytest
 
 from ingest.dicom.parse import DicomHeader, parse_header
-from ingest.embedded.samples import synthetic_ct_series
+from ingest.embedded.samples import synthetic_ct_series, synthetic_pet_series
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 from ingest.worker import Outcome, Worker
@@ -235,6 +236,32 @@ async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) 
     assert latest["complete_by_data"]
     assert len(latest["slices"]) == len(slices)
     assert array.tobytes() == expected_volume(slices).tobytes()
+
+
+async def test_number_of_slices_completes_a_pet_series(stack: Stack) -> None:
+    """PET slices name no Images in Acquisition but Number of Slices: with a quiet period
+    longer than the test, the last of them to arrive writes the volume."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_pet_series(6, 16, 16, seed=81)
+    shuffled = slices[:]
+    random.Random(9).shuffle(shuffled)
+    await harness.upload(stack, names.source_bucket, shuffled)
+    await publish(stack, names, [k for k, _ in shuffled])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="600")
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["complete_by"] == "number_of_slices"
+    assert latest["complete_by_data"]
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    key = slices[0][0]
+    sidecar = await get_json(stack, names.output_bucket, f"out/{names.source_bucket}/{key}.json")
+    assert sidecar is not None
+    assert sidecar["instance"]["number_of_slices"] == len(slices)
+    assert sidecar["instance"]["images_in_acquisition"] is None
 
 
 async def test_a_pending_series_is_written_after_a_restart(stack: Stack) -> None:
