@@ -200,10 +200,14 @@ async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
     assert await get_json(stack, names.output_bucket, first_version) == refused  # unchanged
 
 
-async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) -> None:
+@pytest.mark.parametrize("slices_mode", ["write", "hold"])
+async def test_a_sigkill_mid_series_loses_nothing(
+    stack: Stack, tmp_path: Path, slices_mode: str
+) -> None:
     """The real ``dicom-ingest worker`` process, SIGKILLed after some of a series' slices;
     the next worker redoes what was not committed and the series' last slice writes the
-    whole volume."""
+    whole volume, once. Held slices (``hold``) die with the first worker, their offsets
+    uncommitted: the second has them again."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     slices = synthetic_ct_series(12, 64, 64, seed=31)
@@ -212,7 +216,12 @@ async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) 
     await harness.upload(stack, names.source_bucket, shuffled)
     await publish(stack, names, [k for k, _ in shuffled])
     env = worker_environment(
-        stack, names, series="volume", series_quiet_s="600", max_objects_in_flight="2"
+        stack,
+        names,
+        series="volume",
+        series_slices=slices_mode,
+        series_quiet_s="600",
+        max_objects_in_flight="2",
     )
     prefix = series_prefix(slices[0][1])
 
@@ -224,6 +233,12 @@ async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) 
                 await anyio.sleep(0.02)
         first.kill()  # SIGKILL: no drain, no final commit, no LeaveGroup
         assert first.counts["processed"] < len(slices)  # mid-series
+        if slices_mode == "hold":  # nothing durable of the held slices: nothing committed
+            assert await harness.committed_offset(stack, names.group, names.source_topic) == 0
+            keys = await output_keys(stack, names.output_bucket)
+            held = [k for k in keys if "/members/" in k]
+            assert held  # member records, saying held, and no slice's values anywhere
+            assert not [k for k in keys if k.endswith(".npy")]
         second = WorkerProcess(env, tmp_path / "second.log").start()
         with anyio.fail_after(60):
             while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:
@@ -233,9 +248,20 @@ async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) 
         assert await second.wait(30) == 0
 
     latest, array = await volume_of(stack, names.output_bucket, prefix)
-    assert latest["complete_by_data"]
+    assert latest["complete_by"] == "images_in_acquisition"
     assert len(latest["slices"]) == len(slices)
     assert array.tobytes() == expected_volume(slices).tobytes()
+    keys = await output_keys(stack, names.output_bucket)
+    versions = [k for k in keys if k.startswith(prefix) and k.count("/") == prefix.count("/")]
+    assert sorted(versions) == sorted(  # one version, written once
+        [latest["npy"], f"{prefix}{latest['version']}.json", f"{prefix}latest.json"]
+    )
+    results = await harness.read_json_topic(stack, names.results_topic)
+    assert {r["source"]["key"] for r in results} == {k for k, _ in slices}  # redone: twice
+    assert await harness.read_json_topic(stack, names.dlq_topic) == []
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
+        slices
+    )
 
 
 async def test_number_of_slices_completes_a_pet_series(stack: Stack) -> None:
