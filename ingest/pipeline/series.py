@@ -246,8 +246,11 @@ class SeriesAssembler:
         Returns the slice's ``Hold`` when its values are held, not yet durable: its
         offset must wait for it (``Hold.then``). None: nothing to wait for.
 
+        A manifest that cannot be read, or a volume that cannot be written now, fails
+        neither the slice nor its add: the series stays due after its quiet period.
+
         Raises:
-            SinkError: a member record, marker, slice or volume could not be written.
+            SinkError: a member record, marker or slice could not be written.
         """
         key = (sidecar.get("output") or {}).get("npy")
         kept = self._loose.pop(key, None) if key else None
@@ -301,11 +304,16 @@ class SeriesAssembler:
         self._due[series] = time.monotonic() + self._settings.series_quiet_s
         self._wake.set()
         counts = (member.images_in_acquisition, member.volume_slices)
-        manifest = await self._manifest(series, refresh_after=1.0)
-        if any(c is not None and len(members) >= c for c in counts) or (
-            manifest is not None and manifest <= members.keys()
-        ):
-            await self.assemble(series, quiet=False)
+        try:
+            manifest = await self._manifest(series, refresh_after=1.0)
+            if any(c is not None and len(members) >= c for c in counts) or (
+                manifest is not None and manifest <= members.keys()
+            ):
+                await self.assemble(series, quiet=False)
+        except IngestError as exc:
+            # this slice is durable (its record and the marker are): it is the volume that
+            # failed, tried again when the quiet period ends, a held slice waiting for it
+            log.warning("series volume failed", error=str(exc), reason=exc.reason)
         return hold if hold is not None and not hold.released else None
 
     async def spill(self, partitions: Sequence[Partition]) -> None:

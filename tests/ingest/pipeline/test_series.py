@@ -441,3 +441,41 @@ async def test_a_manifest_completes_a_series_without_a_count(stack: Stack) -> No
     assert array.tobytes() == expected_volume(slices[:4]).tobytes()
     # the fifth came after (one notification at a time, in order) or before the volume
     assert latest["not_in_manifest"] in ([], [uids[4]])
+
+
+async def test_a_bad_manifest_fails_the_volume_not_the_slices(stack: Stack) -> None:
+    """A manifest that names no instance: every slice is still processed and committed
+    (nothing dead-lettered) and no volume is written, also not when the count completes
+    the series; once the manifest is put right, the next quiet period writes it."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(3, 16, 16, seed=91)
+    series_uid = str(pydicom.dcmread(io.BytesIO(slices[0][1])).SeriesInstanceUID)
+    manifest_key = f"out/series-manifests/{series_uid}.json"
+    await harness.upload(stack, names.output_bucket, [(manifest_key, b'{"sop_instance_uids": []}')])
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="1")
+    seen: list[Outcome] = []
+    worker = Worker(settings, seen.append)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        with anyio.fail_after(60):
+            while await harness.committed_offset(stack, names.group, names.source_topic) < 3:  # noqa: ASYNC110 (polled)
+                await anyio.sleep(0.1)
+            await anyio.sleep(1.5)  # a quiet period: the volume fails again
+            assert await get_json(stack, names.output_bucket, prefix + "latest.json") is None
+            uids = [str(pydicom.dcmread(io.BytesIO(d)).SOPInstanceUID) for _, d in slices]
+            fixed = json.dumps({"sop_instance_uids": uids}).encode()
+            await harness.upload(stack, names.output_bucket, [(manifest_key, fixed)])
+            while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:  # noqa: ASYNC110 (S3 is polled)
+                await anyio.sleep(0.1)
+        worker.stop()
+
+    assert [o.error for o in seen] == [None] * len(slices)
+    assert await harness.read_json_topic(stack, names.dlq_topic) == []
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["complete_by"] == "manifest"
+    assert array.tobytes() == expected_volume(slices).tobytes()
