@@ -153,6 +153,9 @@ _WANTED: Final = {
     0x00200052: ("FrameOfReferenceUID", b"UI"),
     0x00201002: ("ImagesInAcquisition", b"IS"),
     0x00280030: ("PixelSpacing", b"DS*"),
+    0x00540071: ("NumberOfTimeSlots", b"US"),
+    0x00540081: ("NumberOfSlices", b"US"),
+    0x00540101: ("NumberOfTimeSlices", b"US"),
     0x3004000C: ("GridFrameOffsetVector", b"DS*"),
 }
 _TAG: Final = struct.Struct("<HH")

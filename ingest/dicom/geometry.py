@@ -77,6 +77,11 @@ class Geometry:
     instance_number: int | None
     acquisition_number: int | None
     images_in_acquisition: int | None
+    # NM and PET: slices in each volume, and how many volumes (time slices of a dynamic
+    # series, time slots of a gated one) the series holds besides
+    number_of_slices: int | None
+    number_of_time_slices: int | None
+    number_of_time_slots: int | None
 
     @property
     def normal(self) -> tuple[float, float, float] | None:
@@ -326,6 +331,9 @@ def geometry_of(
         instance_number=integer_of(values.get("InstanceNumber")),
         acquisition_number=integer_of(values.get("AcquisitionNumber")),
         images_in_acquisition=integer_of(values.get("ImagesInAcquisition")),
+        number_of_slices=integer_of(values.get("NumberOfSlices")),
+        number_of_time_slices=integer_of(values.get("NumberOfTimeSlices")),
+        number_of_time_slots=integer_of(values.get("NumberOfTimeSlots")),
     )
 
 

@@ -89,6 +89,7 @@ EXAMPLES_DEAD_LETTERED: Final[dict[str, str]] = {}  # none now: every one is pro
 
 _CT_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.2"
 _SC_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.7"
+_PET_STORAGE: Final = "1.2.840.10008.5.1.4.1.1.128"
 _MULTIFRAME_TRUE_COLOR_SC: Final = "1.2.840.10008.5.1.4.1.1.7.4"
 
 
@@ -177,6 +178,46 @@ def synthetic_ct_series(
         buffer = io.BytesIO()
         write_native(buffer, ds, [stored.tobytes()], stored.nbytes)
         out.append((f"ct-series/slice-{index + 1:04d}.dcm", buffer.getvalue()))
+    return out
+
+
+def synthetic_pet_series(
+    count: int, rows: int = 128, columns: int = 128, seed: int = 0, time_slices: int = 1
+) -> list[tuple[str, bytes]]:
+    """``count`` PET Image Storage slices a time slice (``time_slices`` of them: dynamic).
+
+    As PET writes them: Number of Slices (0054,0081) says how many slices each volume
+    has, Number of Time Slices (0054,0101) how many volumes a dynamic series holds,
+    and there is no Images in Acquisition. 16 bits unsigned, Rescale Slope 0.25; the
+    phantom's soft tissue takes up the tracer. Instance Number is the Image Index.
+    """
+    study, series = uid("pt", seed, "study"), uid("pt", seed, "series")
+    out = []
+    for frame in range(time_slices):
+        for index in range(count):
+            sop = uid("pt", seed, "slice", frame, index)
+            ds = base_dataset(_PET_STORAGE, sop, "PT", study, series)
+            ds.ImageType = ["ORIGINAL", "PRIMARY"]
+            ds.SeriesType = ["DYNAMIC" if time_slices > 1 else "STATIC", "IMAGE"]
+            ds.Units = "BQML"
+            ds.NumberOfSlices = count
+            if time_slices > 1:
+                ds.NumberOfTimeSlices = time_slices
+            ds.ImageIndex = ds.InstanceNumber = frame * count + index + 1
+            ds.FrameOfReferenceUID = uid("pt", seed, "frame-of-reference")
+            ds.SliceThickness = "3.27"
+            ds.ImagePositionPatient = ["-350", "-350", f"{-3.27 * index:.2f}"]
+            ds.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
+            ds.PixelSpacing = ["4", "4"]
+            image_pixel(ds, rows, columns, (16, 16), signed=False)
+            ds.RescaleIntercept, ds.RescaleSlope = "0", "0.25"
+            rng = np.random.default_rng([seed, frame, index])
+            hu = _ct_phantom(rows, columns, index / max(count - 1, 1), rng)
+            uptake = np.clip((hu + 200.0) * (1 + frame), 0, 65535)
+            stored = np.rint(uptake).astype("<u2")
+            buffer = io.BytesIO()
+            write_native(buffer, ds, [stored.tobytes()], stored.nbytes)
+            out.append((f"pt-series/{frame + 1:02d}-slice-{index + 1:04d}.dcm", buffer.getvalue()))
     return out
 
 

@@ -8,9 +8,10 @@ both before the slice's offset is committed: the assembly's whole state is
 durable outputs or uncommitted offsets, so a worker killed at any point, or a
 partition that moves to another worker, loses nothing. Then:
 
-- when the data says the series is complete (Images in Acquisition, or a series
-  manifest whose instances are all there), the slice that completes it writes
-  the volume before its own offset is committed;
+- when the data says the series is complete (Images in Acquisition, NM's and
+  PET's Number of Slices, or a series manifest whose instances are all there),
+  the slice that completes it writes the volume before its own offset is
+  committed;
 - else, ``SERIES_QUIET_S`` after a series' last slice arrived here, the
   assembler plans it from its member records (those of every worker) and
   writes what they make; at start-up, every pending marker is due after the
@@ -245,8 +246,11 @@ class SeriesAssembler:
         Returns the slice's ``Hold`` when its values are held, not yet durable: its
         offset must wait for it (``Hold.then``). None: nothing to wait for.
 
+        A manifest that cannot be read, or a volume that cannot be written now, fails
+        neither the slice nor its add: the series stays due after its quiet period.
+
         Raises:
-            SinkError: a member record, marker, slice or volume could not be written.
+            SinkError: a member record, marker or slice could not be written.
         """
         key = (sidecar.get("output") or {}).get("npy")
         kept = self._loose.pop(key, None) if key else None
@@ -299,12 +303,17 @@ class SeriesAssembler:
             slices[member.sop_instance_uid] = kept
         self._due[series] = time.monotonic() + self._settings.series_quiet_s
         self._wake.set()
-        total = member.images_in_acquisition
-        manifest = await self._manifest(series, refresh_after=1.0)
-        if (total is not None and len(members) >= total) or (
-            manifest is not None and manifest <= members.keys()
-        ):
-            await self.assemble(series, quiet=False)
+        counts = (member.images_in_acquisition, member.volume_slices)
+        try:
+            manifest = await self._manifest(series, refresh_after=1.0)
+            if any(c is not None and len(members) >= c for c in counts) or (
+                manifest is not None and manifest <= members.keys()
+            ):
+                await self.assemble(series, quiet=False)
+        except IngestError as exc:
+            # this slice is durable (its record and the marker are): it is the volume that
+            # failed, tried again when the quiet period ends, a held slice waiting for it
+            log.warning("series volume failed", error=str(exc), reason=exc.reason)
         return hold if hold is not None and not hold.released else None
 
     async def spill(self, partitions: Sequence[Partition]) -> None:

@@ -2,10 +2,11 @@
 
 Each single-frame instance of a series that has a geometry leaves a *member record*
 beside the outputs (``member_of``: its SOP Instance UID, output key, shape,
-dtype, position, orientation, spacing, Instance/Acquisition Number and Images in
-Acquisition). A volume is planned from the member records of one series and
-frame of reference alone (``plan_volume``), so whoever lists them, after any
-restart, plans the same volume:
+dtype, position, orientation, spacing, Instance/Acquisition Number, Images in
+Acquisition, and NM's and PET's Number of Slices, Time Slices and Time Slots).
+A volume is planned from the member records of one series and frame of
+reference alone (``plan_volume``), so whoever lists them, after any restart,
+plans the same volume:
 
 - sorted along the slice normal (the cross product of the orientation's row and
   column cosines), by each position's distance along it;
@@ -17,7 +18,10 @@ restart, plans the same volume:
   (a step of about twice the smallest is a missing slice, named with where it is),
   else no volume;
 - complete when the data says so (every member names the same Images in
-  Acquisition and that many distinct positions are there), when a series
+  Acquisition and that many distinct positions are there; or, where no count of
+  Images in Acquisition completes it, every member names the same Number of
+  Slices, of a series that holds one volume, and that many distinct positions are
+  there), when a series
   manifest names the instances and every one of them is there (the volume is
   then made of those alone; the others are named), or, by the caller's clock,
   after a quiet period;
@@ -76,7 +80,18 @@ class Member:
     instance_number: int | None
     acquisition_number: int | None
     images_in_acquisition: int | None
+    number_of_slices: int | None = None  # NM, PET: slices in each of the series' volumes
+    number_of_time_slices: int | None = None  # PET: a dynamic series' volumes, one a time
+    number_of_time_slots: int | None = None  # a gated series' volumes, one a cardiac phase
     held: bool = False  # its own output is not written: its values are in a worker's memory
+
+    @property
+    def volume_slices(self) -> int | None:
+        """How many slices its volume has by Number of Slices, where that applies: the
+        series holds one volume (no more than one time slice or time slot), else None."""
+        if (self.number_of_time_slices or 1) > 1 or (self.number_of_time_slots or 1) > 1:
+            return None
+        return self.number_of_slices
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +106,9 @@ class Member:
             "instance_number": self.instance_number,
             "acquisition_number": self.acquisition_number,
             "images_in_acquisition": self.images_in_acquisition,
+            "number_of_slices": self.number_of_slices,
+            "number_of_time_slices": self.number_of_time_slices,
+            "number_of_time_slots": self.number_of_time_slots,
             "held": self.held,
         }
 
@@ -117,6 +135,9 @@ def member_from_json(doc: Mapping[str, Any]) -> Member:
         instance_number=_optional_int(doc.get("instance_number")),
         acquisition_number=_optional_int(doc.get("acquisition_number")),
         images_in_acquisition=_optional_int(doc.get("images_in_acquisition")),
+        number_of_slices=_optional_int(doc.get("number_of_slices")),
+        number_of_time_slices=_optional_int(doc.get("number_of_time_slices")),
+        number_of_time_slots=_optional_int(doc.get("number_of_time_slots")),
         held=doc.get("held") is True,
     )
 
@@ -174,7 +195,8 @@ class VolumePlan:
     affine: tuple[tuple[float, ...], ...] | None
     step_mm: float | None  # between consecutive slices
     version: str
-    complete_by: str | None  # "images_in_acquisition" or "manifest": every slice is here
+    # "images_in_acquisition", "number_of_slices" or "manifest": every slice is here
+    complete_by: str | None
     duplicates: tuple[str, ...]  # SOP Instance UIDs left out: a kept slice has their position
     acquisitions: tuple[int, ...]  # more than one: the series mixes acquisitions
     refused: tuple[str, ...]  # why no volume is written (gaps, uneven steps, mixed sizes)
@@ -289,13 +311,13 @@ def plan_volume(
                     f"{what} after slice {index} ({gap:.4g} mm where the smallest step is"
                     f" {step:.4g} mm)"
                 )
-    totals = {m.images_in_acquisition for m in members}
-    total = next(iter(totals)) if len(totals) == 1 else None
     complete_by = None
     if manifest is not None and manifest <= {m.sop_instance_uid for m in members}:
         complete_by = "manifest"
-    elif total is not None and total == len(kept):
+    elif _one_count({m.images_in_acquisition for m in members}) == len(kept):
         complete_by = "images_in_acquisition"
+    elif _one_count({m.volume_slices for m in members}) == len(kept):
+        complete_by = "number_of_slices"
     acquisitions = sorted({m.acquisition_number for m in kept if m.acquisition_number is not None})
     dtype = str(np.result_type(*{np.dtype(m.dtype) for m in kept}))
     affine = None
@@ -322,6 +344,11 @@ def plan_volume(
         refused=tuple(refused),
         not_in_manifest=not_in_manifest,
     )
+
+
+def _one_count(counts: set[int | None]) -> int | None:
+    """The count every member names alike, else None."""
+    return next(iter(counts)) if len(counts) == 1 else None
 
 
 def _refused(

@@ -49,6 +49,7 @@ def every_object() -> list[tuple[str, bytes]]:
     objects += [(item.key, item.data) for item in bad_inputs.good_objects()]
     objects += [(item.name, item.data) for item in bad_inputs.bad_objects()]
     objects += samples.synthetic_ct_series(2, rows=32, columns=32)
+    objects += samples.synthetic_pet_series(2, rows=8, columns=8, time_slices=2)[1:3]
     objects.append(("multiframe", samples.synthetic_multiframe(5, 4, 4)))
     objects.append(("rgb", samples.synthetic_rgb(2, 8, 8)))
     return objects
@@ -70,6 +71,17 @@ def test_common_headers_take_the_direct_path(name: str) -> None:
     plain = read_plain_header(data, len(data), LIMIT)
     assert isinstance(plain, DicomHeader)
     assert plain == read(data, False)
+
+
+def test_a_pet_slice_takes_the_direct_path_with_its_number_of_slices() -> None:
+    data = samples.synthetic_pet_series(3, 8, 8, time_slices=2)[4][1]
+    plain = read_plain_header(data, len(data), LIMIT)
+    assert isinstance(plain, DicomHeader)
+    assert plain == read(data, False)
+    assert plain.geometry is not None
+    assert plain.geometry.number_of_slices == 3
+    assert plain.geometry.number_of_time_slices == 2
+    assert plain.geometry.number_of_time_slots is None
 
 
 def test_a_ct_slice_takes_the_direct_path_whole_or_as_a_prefix() -> None:

@@ -3,8 +3,9 @@
 Each volume must equal its slices' arrays (pydicom's values, as every output is)
 stacked in their order along the slice normal, whatever order the slices came
 in, with two series interleaved, a slice missing then arriving late, a worker
-process SIGKILLed mid-series, and a series whose quiet period a stopped worker
-never saw out (its pending marker is picked up at the next start).
+process SIGKILLed mid-series (slices written or held), a PET series completed by
+its Number of Slices, and a series whose quiet period a stopped worker never saw
+out (its pending marker is picked up at the next start).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pydicom
 import pytest
 
 from ingest.dicom.parse import DicomHeader, parse_header
-from ingest.embedded.samples import synthetic_ct_series
+from ingest.embedded.samples import synthetic_ct_series, synthetic_pet_series
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings
 from ingest.worker import Outcome, Worker
@@ -199,10 +200,14 @@ async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
     assert await get_json(stack, names.output_bucket, first_version) == refused  # unchanged
 
 
-async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) -> None:
+@pytest.mark.parametrize("slices_mode", ["write", "hold"])
+async def test_a_sigkill_mid_series_loses_nothing(
+    stack: Stack, tmp_path: Path, slices_mode: str
+) -> None:
     """The real ``dicom-ingest worker`` process, SIGKILLed after some of a series' slices;
     the next worker redoes what was not committed and the series' last slice writes the
-    whole volume."""
+    whole volume, once. Held slices (``hold``) die with the first worker, their offsets
+    uncommitted: the second has them again."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     slices = synthetic_ct_series(12, 64, 64, seed=31)
@@ -211,7 +216,12 @@ async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) 
     await harness.upload(stack, names.source_bucket, shuffled)
     await publish(stack, names, [k for k, _ in shuffled])
     env = worker_environment(
-        stack, names, series="volume", series_quiet_s="600", max_objects_in_flight="2"
+        stack,
+        names,
+        series="volume",
+        series_slices=slices_mode,
+        series_quiet_s="600",
+        max_objects_in_flight="2",
     )
     prefix = series_prefix(slices[0][1])
 
@@ -223,6 +233,12 @@ async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) 
                 await anyio.sleep(0.02)
         first.kill()  # SIGKILL: no drain, no final commit, no LeaveGroup
         assert first.counts["processed"] < len(slices)  # mid-series
+        if slices_mode == "hold":  # nothing durable of the held slices: nothing committed
+            assert await harness.committed_offset(stack, names.group, names.source_topic) == 0
+            keys = await output_keys(stack, names.output_bucket)
+            held = [k for k in keys if "/members/" in k]
+            assert held  # member records, saying held, and no slice's values anywhere
+            assert not [k for k in keys if k.endswith(".npy")]
         second = WorkerProcess(env, tmp_path / "second.log").start()
         with anyio.fail_after(60):
             while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:
@@ -232,9 +248,46 @@ async def test_a_sigkill_mid_series_loses_nothing(stack: Stack, tmp_path: Path) 
         assert await second.wait(30) == 0
 
     latest, array = await volume_of(stack, names.output_bucket, prefix)
-    assert latest["complete_by_data"]
+    assert latest["complete_by"] == "images_in_acquisition"
     assert len(latest["slices"]) == len(slices)
     assert array.tobytes() == expected_volume(slices).tobytes()
+    keys = await output_keys(stack, names.output_bucket)
+    versions = [k for k in keys if k.startswith(prefix) and k.count("/") == prefix.count("/")]
+    assert sorted(versions) == sorted(  # one version, written once
+        [latest["npy"], f"{prefix}{latest['version']}.json", f"{prefix}latest.json"]
+    )
+    results = await harness.read_json_topic(stack, names.results_topic)
+    assert {r["source"]["key"] for r in results} == {k for k, _ in slices}  # redone: twice
+    assert await harness.read_json_topic(stack, names.dlq_topic) == []
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
+        slices
+    )
+
+
+async def test_number_of_slices_completes_a_pet_series(stack: Stack) -> None:
+    """PET slices name no Images in Acquisition but Number of Slices: with a quiet period
+    longer than the test, the last of them to arrive writes the volume."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_pet_series(6, 16, 16, seed=81)
+    shuffled = slices[:]
+    random.Random(9).shuffle(shuffled)
+    await harness.upload(stack, names.source_bucket, shuffled)
+    await publish(stack, names, [k for k, _ in shuffled])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="600")
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["complete_by"] == "number_of_slices"
+    assert latest["complete_by_data"]
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    key = slices[0][0]
+    sidecar = await get_json(stack, names.output_bucket, f"out/{names.source_bucket}/{key}.json")
+    assert sidecar is not None
+    assert sidecar["instance"]["number_of_slices"] == len(slices)
+    assert sidecar["instance"]["images_in_acquisition"] is None
 
 
 async def test_a_pending_series_is_written_after_a_restart(stack: Stack) -> None:
@@ -388,3 +441,41 @@ async def test_a_manifest_completes_a_series_without_a_count(stack: Stack) -> No
     assert array.tobytes() == expected_volume(slices[:4]).tobytes()
     # the fifth came after (one notification at a time, in order) or before the volume
     assert latest["not_in_manifest"] in ([], [uids[4]])
+
+
+async def test_a_bad_manifest_fails_the_volume_not_the_slices(stack: Stack) -> None:
+    """A manifest that names no instance: every slice is still processed and committed
+    (nothing dead-lettered) and no volume is written, also not when the count completes
+    the series; once the manifest is put right, the next quiet period writes it."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(3, 16, 16, seed=91)
+    series_uid = str(pydicom.dcmread(io.BytesIO(slices[0][1])).SeriesInstanceUID)
+    manifest_key = f"out/series-manifests/{series_uid}.json"
+    await harness.upload(stack, names.output_bucket, [(manifest_key, b'{"sop_instance_uids": []}')])
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="1")
+    seen: list[Outcome] = []
+    worker = Worker(settings, seen.append)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        with anyio.fail_after(60):
+            while await harness.committed_offset(stack, names.group, names.source_topic) < 3:  # noqa: ASYNC110 (polled)
+                await anyio.sleep(0.1)
+            await anyio.sleep(1.5)  # a quiet period: the volume fails again
+            assert await get_json(stack, names.output_bucket, prefix + "latest.json") is None
+            uids = [str(pydicom.dcmread(io.BytesIO(d)).SOPInstanceUID) for _, d in slices]
+            fixed = json.dumps({"sop_instance_uids": uids}).encode()
+            await harness.upload(stack, names.output_bucket, [(manifest_key, fixed)])
+            while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:  # noqa: ASYNC110 (S3 is polled)
+                await anyio.sleep(0.1)
+        worker.stop()
+
+    assert [o.error for o in seen] == [None] * len(slices)
+    assert await harness.read_json_topic(stack, names.dlq_topic) == []
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["complete_by"] == "manifest"
+    assert array.tobytes() == expected_volume(slices).tobytes()

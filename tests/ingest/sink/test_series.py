@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ingest.dicom.parse import DicomHeader, parse_header
-from ingest.embedded.samples import synthetic_ct_series
+from ingest.embedded.samples import synthetic_ct_series, synthetic_pet_series
 from ingest.sink.series import (
     Member,
     SeriesId,
@@ -43,14 +43,23 @@ def sidecar_of(data: bytes, key: str, dtype: str = "int16") -> dict[str, object]
             "instance_number": geometry.instance_number,
             "acquisition_number": geometry.acquisition_number,
             "images_in_acquisition": geometry.images_in_acquisition,
+            "number_of_slices": geometry.number_of_slices,
+            "number_of_time_slices": geometry.number_of_time_slices,
+            "number_of_time_slots": geometry.number_of_time_slots,
         },
     }
 
 
-def members(count: int, seed: int = 0) -> tuple[SeriesId, list[Member]]:
-    found = [
-        member_of(sidecar_of(data, key)) for key, data in synthetic_ct_series(count, 8, 8, seed)
-    ]
+def members(
+    count: int, seed: int = 0, pet_time_slices: int | None = None
+) -> tuple[SeriesId, list[Member]]:
+    """The members of a CT series, or of a PET one of ``pet_time_slices`` time slices."""
+    objects = (
+        synthetic_ct_series(count, 8, 8, seed)
+        if pet_time_slices is None
+        else synthetic_pet_series(count, 8, 8, seed, time_slices=pet_time_slices)
+    )
+    found = [member_of(sidecar_of(data, key)) for key, data in objects]
     assert all(f is not None for f in found)
     series = {f[0] for f in found if f is not None}
     assert len(series) == 1
@@ -190,3 +199,44 @@ def test_a_held_member_has_no_output_of_its_own_in_the_volumes_sidecar() -> None
     npys = {s["sop_instance_uid"]: s["npy"] for s in plan.as_json("v.npy")["slices"]}
     assert npys[held[0].sop_instance_uid] is None
     assert npys[slices[1].sop_instance_uid] == slices[1].npy
+
+
+def test_number_of_slices_completes_a_pet_series() -> None:
+    series, slices = members(5, pet_time_slices=1)
+    assert {m.number_of_slices for m in slices} == {5}  # read from each header
+    assert {m.images_in_acquisition for m in slices} == {None}
+    assert member_from_json(slices[0].as_json()) == slices[0]
+    shuffled = slices[:]
+    random.Random(4).shuffle(shuffled)
+    assert plan_volume(series, shuffled[:4]).complete_by is None  # one to come
+    plan = plan_volume(series, shuffled)
+    assert plan.complete_by == "number_of_slices"
+    assert plan.as_json("v.npy")["complete_by"] == "number_of_slices"
+    assert plan.refused == ()
+    assert plan.shape == (5, 8, 8)
+    assert plan.step_mm == pytest.approx(3.27)
+    # a duplicate at one position does not count as a slice
+    copy = member_from_json({**slices[1].as_json(), "sop_instance_uid": "1.2.3.999"})
+    assert plan_volume(series, [*slices[:4], copy]).complete_by is None
+    # members that disagree on the count say nothing
+    other = dataclasses.replace(slices[0], number_of_slices=6)
+    assert plan_volume(series, [other, *slices[1:]]).complete_by is None
+    # Images in Acquisition, where every member names it, is the count that completes
+    counted = [dataclasses.replace(m, images_in_acquisition=5) for m in slices]
+    assert plan_volume(series, counted).complete_by == "images_in_acquisition"
+
+
+def test_number_of_slices_does_not_complete_a_dynamic_or_gated_series() -> None:
+    """A dynamic series holds a volume a time slice, a gated one a time slot: Number of
+    Slices counts each volume's slices, not the series', so it completes nothing."""
+    series, slices = members(4, pet_time_slices=3)
+    assert {m.number_of_time_slices for m in slices} == {3}
+    first = slices[:4]  # the first time slice's four slices, all there
+    assert plan_volume(series, first).complete_by is None
+    assert all(m.volume_slices is None for m in slices)
+    gated = [
+        dataclasses.replace(m, number_of_time_slices=None, number_of_time_slots=8) for m in first
+    ]
+    assert plan_volume(series, gated).complete_by is None
+    one = [dataclasses.replace(m, number_of_time_slices=1, number_of_time_slots=1) for m in first]
+    assert plan_volume(series, one).complete_by == "number_of_slices"
