@@ -20,8 +20,10 @@ offset marked finished, and commits move over finished offsets only.
 
 Shutdown (``stop()``, wired to SIGTERM/SIGINT by the CLI): intake stops at
 once; in-flight objects get ``shutdown_deadline_s`` to finish, then are
-cancelled (their offsets stay uncommitted and are redelivered); a final
-commit runs shielded; the consumer leaves the group; clients close.
+cancelled (their offsets stay uncommitted and are redelivered); within the
+same deadline, series slices held in memory are written as outputs of their
+own (``SERIES_SLICES=hold``); a final commit runs shielded; the consumer
+leaves the group; clients close.
 """
 
 from __future__ import annotations
@@ -235,6 +237,8 @@ class Worker:
                     async with anyio.create_task_group() as objects:
                         with self._intake_scope:
                             await self._intake(objects)
+                    # held series slices are written, so the final commit covers them
+                    await self._commits.stopping()
                 with anyio.CancelScope(shield=True):
                     await self._commits.now()
                 services.cancel_scope.cancel()

@@ -5,7 +5,9 @@ record finished (``finished``); the commit loop then commits the contiguous
 finished front of every assigned partition, coalescing bursts into one
 commit and retrying each second while a commit is still owed. On a rebalance
 the partitions being taken away get the shutdown deadline to finish, their
-front is committed, and they are forgotten.
+front is committed, and they are forgotten. A graceful stop finishes the held
+work of every assigned partition (``stopping``) before the final commit:
+aiokafka's close leaves the group without calling ``on_partitions_revoked``.
 
 A commit once sent is never abandoned half way: it is shielded and bounded,
 because aiokafka carries a cancelled commit on to the broker after we stopped
@@ -90,6 +92,18 @@ class Commits:
         self.tracker.committed(offsets)
         self.committed_at.update(dict.fromkeys(offsets, time.monotonic()))
         self.count += 1
+
+    async def stopping(self) -> None:
+        """A graceful stop, its objects drained: finish the work held for every assigned
+        partition (``revoking``) so that the final commit covers it. The caller bounds it
+        (the shutdown deadline); what is not finished is redone by the next owner."""
+        if self.revoking is None:
+            return
+        assigned = [(tp.topic, tp.partition) for tp in self.consumer.assignment()]
+        try:
+            await self.revoking(assigned)
+        except Exception as exc:  # what is not finished is redone by the next owner
+            log.warning("held work not finished at stop", error=str(exc))
 
     async def on_revoked(self, revoked: list[Partition]) -> None:
         """Let in-flight work of partitions being taken away finish, commit it, forget them.

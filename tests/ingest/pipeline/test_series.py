@@ -264,6 +264,74 @@ async def test_a_sigkill_mid_series_loses_nothing(
     )
 
 
+async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: Path) -> None:
+    """``SERIES_SLICES=hold``: the real worker process gets SIGTERM after some of a series'
+    slices. It exits 0 well within its shutdown deadline, its held slices written as
+    outputs of their own and their offsets committed (nothing it finished is redone);
+    a second worker processes the rest and writes the whole volume, once."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(12, 64, 64, seed=33)
+    shuffled = slices[:]
+    random.Random(3).shuffle(shuffled)
+    await harness.upload(stack, names.source_bucket, shuffled)
+    await publish(stack, names, [k for k, _ in shuffled])
+    deadline_s = 10.0
+    env = worker_environment(
+        stack,
+        names,
+        series="volume",
+        series_slices="hold",
+        series_quiet_s="600",
+        max_objects_in_flight="2",
+        shutdown_deadline_s=str(deadline_s),
+    )
+    prefix = series_prefix(slices[0][1])
+
+    with no_orphans():
+        first = WorkerProcess(env, tmp_path / "first.log").start()
+        with anyio.fail_after(60):
+            while first.counts["processed"] < 4:
+                first.poll_log()
+                await anyio.sleep(0.02)
+        first.signal(signal.SIGTERM)
+        stopping = anyio.current_time()
+        assert await first.wait(deadline_s + 10) == 0, first.log_tail()
+        assert anyio.current_time() - stopping < deadline_s / 2  # nothing waited for the deadline
+        done = first.counts["processed"]
+        assert done < len(slices)  # mid-series
+        assert await get_json(stack, names.output_bucket, prefix + "latest.json") is None
+        # what the first finished is durable and committed: its held slices' own .npy
+        committed = await harness.settled_committed_offset(stack, names.group, names.source_topic)
+        assert committed == done
+        keys = await output_keys(stack, names.output_bucket)
+        assert len([k for k in keys if k.endswith(".npy")]) == done
+        second = WorkerProcess(env, tmp_path / "second.log").start()
+        with anyio.fail_after(60):
+            while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:
+                assert second.alive(), second.log_tail()
+                await anyio.sleep(0.1)
+        second.signal(signal.SIGTERM)
+        assert await second.wait(deadline_s + 10) == 0, second.log_tail()
+        assert second.counts["processed"] == len(slices) - done  # none redone
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["complete_by"] == "images_in_acquisition"
+    assert len(latest["slices"]) == len(slices)
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    keys = await output_keys(stack, names.output_bucket)
+    versions = [k for k in keys if k.startswith(prefix) and k.count("/") == prefix.count("/")]
+    assert sorted(versions) == sorted(  # one version, written once
+        [latest["npy"], f"{prefix}{latest['version']}.json", f"{prefix}latest.json"]
+    )
+    results = await harness.read_json_topic(stack, names.results_topic)
+    assert sorted(r["source"]["key"] for r in results) == sorted(k for k, _ in slices)  # once each
+    assert await harness.read_json_topic(stack, names.dlq_topic) == []
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
+        slices
+    )
+
+
 async def test_number_of_slices_completes_a_pet_series(stack: Stack) -> None:
     """PET slices name no Images in Acquisition but Number of Slices: with a quiet period
     longer than the test, the last of them to arrive writes the volume."""
