@@ -200,7 +200,10 @@ async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
     assert await get_json(stack, names.output_bucket, first_version) == refused  # unchanged
 
 
-@pytest.mark.parametrize("slices_mode", ["write", "hold"])
+@pytest.mark.parametrize(
+    "slices_mode",
+    ["write", pytest.param("hold", marks=pytest.mark.slow)],  # hold: the SIGTERM test below
+)
 async def test_a_sigkill_mid_series_loses_nothing(
     stack: Stack, tmp_path: Path, slices_mode: str
 ) -> None:
