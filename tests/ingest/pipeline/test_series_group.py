@@ -77,7 +77,11 @@ async def test_a_series_split_between_two_workers(stack: Stack, slices_mode: str
     slices = synthetic_ct_series(8, 16, 16, seed=81)
     await harness.upload(stack, names.source_bucket, slices)
     prefix = series_prefix(slices[0][1])
-    overrides = {"series": "volume", "series_slices": slices_mode, "series_quiet_s": "1"}
+    # Images in Acquisition completes the series in `write`; a quiet period that ends while
+    # the other worker is still at its half would write a partial version (on a busy
+    # machine, 1 s did). `hold` completes by the quiet period: the other half is held.
+    quiet_s = "10" if slices_mode == "write" else "3"
+    overrides = {"series": "volume", "series_slices": slices_mode, "series_quiet_s": quiet_s}
     outcomes: dict[str, list[Outcome]] = {"a": [], "b": []}
     workers = {
         name: Worker(
