@@ -200,6 +200,26 @@ async def test_a_missing_slice_then_the_late_slice(stack: Stack) -> None:
     assert await get_json(stack, names.output_bucket, first_version) == refused  # unchanged
 
 
+async def _one_volume_and_nothing_lost(
+    stack: Stack, names: harness.Names, prefix: str, slices: Sequence[tuple[str, bytes]]
+) -> None:
+    """The series' volume, complete by its count and written once as one version; no dead
+    letter; every slice's offset committed."""
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert latest["complete_by"] == "images_in_acquisition"
+    assert len(latest["slices"]) == len(slices)
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    keys = await output_keys(stack, names.output_bucket)
+    versions = [k for k in keys if k.startswith(prefix) and k.count("/") == prefix.count("/")]
+    assert sorted(versions) == sorted(  # one version, written once
+        [latest["npy"], f"{prefix}{latest['version']}.json", f"{prefix}latest.json"]
+    )
+    assert await harness.read_json_topic(stack, names.dlq_topic) == []
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
+        slices
+    )
+
+
 @pytest.mark.parametrize(
     "slices_mode",
     ["write", pytest.param("hold", marks=pytest.mark.slow)],  # hold: the SIGTERM test below
@@ -250,21 +270,9 @@ async def test_a_sigkill_mid_series_loses_nothing(
         second.signal(signal.SIGTERM)
         assert await second.wait(30) == 0
 
-    latest, array = await volume_of(stack, names.output_bucket, prefix)
-    assert latest["complete_by"] == "images_in_acquisition"
-    assert len(latest["slices"]) == len(slices)
-    assert array.tobytes() == expected_volume(slices).tobytes()
-    keys = await output_keys(stack, names.output_bucket)
-    versions = [k for k in keys if k.startswith(prefix) and k.count("/") == prefix.count("/")]
-    assert sorted(versions) == sorted(  # one version, written once
-        [latest["npy"], f"{prefix}{latest['version']}.json", f"{prefix}latest.json"]
-    )
+    await _one_volume_and_nothing_lost(stack, names, prefix, slices)
     results = await harness.read_json_topic(stack, names.results_topic)
     assert {r["source"]["key"] for r in results} == {k for k, _ in slices}  # redone: twice
-    assert await harness.read_json_topic(stack, names.dlq_topic) == []
-    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
-        slices
-    )
 
 
 async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: Path) -> None:
@@ -318,21 +326,9 @@ async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: P
         assert await second.wait(deadline_s + 10) == 0, second.log_tail()
         assert second.counts["processed"] == len(slices) - done  # none redone
 
-    latest, array = await volume_of(stack, names.output_bucket, prefix)
-    assert latest["complete_by"] == "images_in_acquisition"
-    assert len(latest["slices"]) == len(slices)
-    assert array.tobytes() == expected_volume(slices).tobytes()
-    keys = await output_keys(stack, names.output_bucket)
-    versions = [k for k in keys if k.startswith(prefix) and k.count("/") == prefix.count("/")]
-    assert sorted(versions) == sorted(  # one version, written once
-        [latest["npy"], f"{prefix}{latest['version']}.json", f"{prefix}latest.json"]
-    )
+    await _one_volume_and_nothing_lost(stack, names, prefix, slices)
     results = await harness.read_json_topic(stack, names.results_topic)
     assert sorted(r["source"]["key"] for r in results) == sorted(k for k, _ in slices)  # once each
-    assert await harness.read_json_topic(stack, names.dlq_topic) == []
-    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
-        slices
-    )
 
 
 async def test_number_of_slices_completes_a_pet_series(stack: Stack) -> None:
