@@ -18,8 +18,9 @@ which in a busy worker costs most of the decode's rate. Facts this relies on:
   the same stream reads finished frames, and the host bytes may be reused once it
   returns.
 - A frame that cannot be decoded reports its own failure (its neighbours are
-  unaffected), but an output image too small for what a codestream declares
-  fails the whole call. So each frame's declared size, channels and sample
+  unaffected); the frames the hardware and CUDA decoders refuse get a second call
+  with the hybrid and CPU ones (``BACKENDS``). An output image too small for what a
+  codestream declares fails the whole call. So each frame's declared size, channels and sample
   width are checked against the job's format first; a frame that disagrees,
   and one that fails, fail their job alone with ``DeviceDecodeError``, which the
   caller answers by decoding on the CPU.
@@ -59,6 +60,17 @@ from ingest_gpu.formats import PixelFormat
 Colour = Literal["unchanged", "rgb"]  # keep the codestream's samples; or convert YCbCr to RGB
 Parsed = tuple[api.CodeStream, str]  # a frame's codestream and its output's typestr
 MAX_KEPT_IMAGES: Final = 8192  # places in the arena whose output image is kept for the next batches
+# fancy upsampling: 4:2:2 chroma interpolated as libjpeg does it (pydicom's decoders)
+OPTIONS: Final = ":fancy_upsampling=1"
+# nvImageCodec's backends, in order: the hardware JPEG decoder, then the CUDA decoders
+# (nvJPEG's, nvJPEG2000's), whatever the hardware one leaves. Not the hybrid and CPU
+# ones that every backend would add to the same call: in a worker, whose own threads
+# and the servers share the host, they took most of a slide's 512-pixel tiles at 900
+# CPU us each (98 with these two) and made the decode slower, not faster.
+BACKENDS: Final = (api.HW_GPU_ONLY, api.GPU_ONLY)
+# the frames those two refuse (some small or unusual JPEGs the CUDA decoder fails on)
+# get a second call with the backends that decode them, before the CPU path
+FALLBACK_BACKENDS: Final = (api.HYBRID_CPU_GPU, api.CPU_ONLY)
 
 
 class DeviceDecodeError(Exception):
@@ -129,10 +141,17 @@ class NvDecoder:
     def __init__(self, device_index: int, stats: dict[str, int | float]) -> None:
         self._lib = api.library()
         # fancy upsampling: 4:2:2 chroma interpolated as libjpeg does it (pydicom's decoders)
-        self._decoder = api.Decoder(device_index, options=":fancy_upsampling=1")
+        self._device_index = device_index
+        self._decoder = api.Decoder(device_index, options=OPTIONS, backends=BACKENDS)
+        self._fallback: api.Decoder | None = None  # made at the first frame it is needed for
         self._stats = stats
         self._images: dict[tuple[int, api.Declared, Colour, int], api.Image] = {}
-        for key in ("device_decoded_frames", "device_decode_calls", "device_decode_failures"):
+        for key in (
+            "device_decoded_frames",
+            "device_decode_calls",
+            "device_decode_failures",
+            "device_decode_fallbacks",
+        ):
             stats.setdefault(key, 0)
 
     def decode(
@@ -174,14 +193,18 @@ class NvDecoder:
                 call.append((item, k, stream, image))
         frames = [f for f in call if failed[f[0]] is None]
         if frames:
-            self._stats["device_decode_calls"] += 1
-            try:
-                done = self._decoder.decode([f[2] for f in frames], [f[3] for f in frames])
-            except api.NvImageCodecError as exc:  # the call as a whole: its frames go to the CPU
-                done = [False] * len(frames)
-                cause: BaseException | None = exc
-            else:
-                cause = None
+            done, cause = self._decode_call(self._decoder, frames)
+            refused = [i for i, ok in enumerate(done) if not ok]
+            if refused:
+                self._stats["device_decode_fallbacks"] += len(refused)
+                try:
+                    fallback = self._fallback_decoder()
+                except api.NvImageCodecError as exc:
+                    cause = exc
+                else:
+                    again, cause = self._decode_call(fallback, [frames[i] for i in refused])
+                    for i, ok in zip(refused, again, strict=True):
+                        done[i] = ok
             for (item, k, _, _), ok in zip(frames, done, strict=True):
                 if not ok and failed[item] is None:
                     error = DeviceDecodeError(f"nvImageCodec could not decode frame {k}")
@@ -190,6 +213,24 @@ class NvDecoder:
             self._stats["device_decoded_frames"] += sum(done)
         self._stats["device_decode_failures"] += sum(f is not None for f in failed)
         return failed
+
+    def _decode_call(
+        self, decoder: api.Decoder, frames: list[tuple[int, int, api.CodeStream, api.Image]]
+    ) -> tuple[list[bool], BaseException | None]:
+        """Whether each frame decoded, in one call, and the error that failed the call
+        as a whole (its frames then did not decode)."""
+        self._stats["device_decode_calls"] += 1
+        try:
+            return decoder.decode([f[2] for f in frames], [f[3] for f in frames]), None
+        except api.NvImageCodecError as exc:
+            return [False] * len(frames), exc
+
+    def _fallback_decoder(self) -> api.Decoder:
+        if self._fallback is None:
+            self._fallback = api.Decoder(
+                self._device_index, options=OPTIONS, backends=FALLBACK_BACKENDS
+            )
+        return self._fallback
 
 
 def _address(frame: bytes | memoryview) -> tuple[object, int, int]:

@@ -43,7 +43,9 @@ MAX_NUM_PLANES: Final = 32
 
 # nvimgcodecStructureType_t
 _PROPERTIES, _INSTANCE_CREATE_INFO, _DECODE_PARAMS, _ORIENTATION = 1, 2, 5, 7
-_IMAGE_INFO, _IMAGE_PLANE_INFO, _EXECUTION_PARAMS = 11, 12, 30
+_IMAGE_INFO, _IMAGE_PLANE_INFO, _BACKEND, _BACKEND_PARAMS, _EXECUTION_PARAMS = 11, 12, 17, 29, 30
+# nvimgcodecBackendKind_t
+CPU_ONLY, GPU_ONLY, HYBRID_CPU_GPU, HW_GPU_ONLY = 1, 2, 3, 4
 _SUCCESS: Final = 0  # nvimgcodecStatus_t
 PROCESSING_SUCCESS: Final = 1  # nvimgcodecProcessingStatus_t
 _DEVICE_STRIDED: Final = 1  # nvimgcodecImageBufferKind_t
@@ -128,6 +130,14 @@ class ExecutionParams(_Header):
         ("num_backends", _int),
         ("backends", _p),
     ]
+
+
+class BackendParams(_Header):
+    _fields_ = [("load_hint", ctypes.c_float), ("load_hint_policy", _int)]
+
+
+class Backend(_Header):
+    _fields_ = [("kind", _int), ("params", BackendParams)]
 
 
 class Orientation(_Header):
@@ -411,17 +421,38 @@ class Image:
 
 
 class Decoder:
-    """An nvImageCodec decoder for one device (every backend allowed, as the Python
-    module's default), with ``options`` as the module's ``Decoder(options=...)``.
+    """An nvImageCodec decoder for one device, with ``options`` as the module's
+    ``Decoder(options=...)``: the ``backends`` kinds named (load hint 1 each, in that
+    order), or every backend where none is (the module's default).
 
     Raises (constructor):
         NvImageCodecError: the library, or the decoder, could not be made.
     """
 
-    def __init__(self, device_id: int, options: str = "", cpu_threads: int = 0) -> None:
+    def __init__(
+        self,
+        device_id: int,
+        options: str = "",
+        cpu_threads: int = 0,
+        backends: tuple[int, ...] = (),
+    ) -> None:
         self._lib = lib = library()
+        self._backends = (Backend * max(1, len(backends)))(
+            *[
+                Backend(
+                    _BACKEND,
+                    kind=kind,
+                    params=BackendParams(_BACKEND_PARAMS, load_hint=1.0, load_hint_policy=2),
+                )
+                for kind in backends
+            ]
+        )
         params = ExecutionParams(
-            _EXECUTION_PARAMS, device_id=device_id, max_num_cpu_threads=cpu_threads
+            _EXECUTION_PARAMS,
+            device_id=device_id,
+            max_num_cpu_threads=cpu_threads,
+            num_backends=len(backends),
+            backends=ctypes.addressof(self._backends) if backends else None,
         )
         handle = _p()
         _check(

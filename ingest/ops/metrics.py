@@ -125,6 +125,10 @@ DEVICE_FAMILIES: dict[str, tuple[str, str]] = {
     "device_decode_calls": ("device_decode_calls", "nvImageCodec batched decode calls"),
     "device_decoded_frames": ("device_decoded_frames", "Frames decoded on the device"),
     "device_decode_failures": ("device_decode_failures", "Frames the device failed to decode"),
+    "device_decode_fallbacks": (
+        "device_decode_fallbacks",
+        "Frames the hardware and CUDA decoders refused, given to the hybrid and CPU ones",
+    ),
     "host_allocations": ("host_allocations", "Host buffers allocated on the device thread"),
     "pinned_allocations": ("host_pinned_allocations", "Page-locked host allocations"),
     "pinned_bytes": ("host_pinned_bytes", "Page-locked host bytes allocated"),
