@@ -56,7 +56,7 @@ from typing import Any, Final
 import anyio
 import numpy as np
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from ingest.errors import IngestError, ProcessingError, SinkError
 from ingest.hooks import HookSlab, SeriesHook
@@ -182,10 +182,10 @@ class _KeepingWriter:
 
 class _Stream:
     """A series' volume uploaded while its slices arrive: ``VolumeStream`` says which slices
-    make which part; a part goes up as soon as it is cut, by the task of the slice that
-    cut it; the head (with the header) and the tail go up at the end (``finish``), when
-    the plan is the volume streamed, and ``complete`` makes the object. The values uploaded
-    are those kept of each slice (``_Kept``): no copy."""
+    make which part; a part goes up as soon as it is cut (in the background); the head
+    (with the header) and the tail go up at the end (``finish``), when the plan is the
+    volume streamed, and ``complete`` makes the object. The values uploaded are those
+    kept of each slice (``_Kept``): no copy."""
 
     def __init__(self, sink: OutputSink, key: str, first: Member) -> None:
         self.key = key  # without its suffix (``.npy``; a NIfTI beside it, ``.nii.gz``)
@@ -193,6 +193,7 @@ class _Stream:
         self.completed = False
         self._dtype = np.dtype(first.dtype)
         self._upload = PartUpload(sink, f"{key}.npy")
+        self._limiter = anyio.Semaphore(sink.parts_in_flight)
         self._waiting: dict[str, _Kept] = {}  # slices taken and in no part uploaded yet
         self._uploads = 0  # part uploads under way
         self._idle = anyio.Event()
@@ -219,7 +220,7 @@ class _Stream:
             self._idle = anyio.Event()
         try:
             for part, slices in parts:
-                await self._upload.put(part.number, self._body([k for _, k in slices]))
+                await self._put(part.number, self._body([k for _, k in slices]))
                 done += slices
         except IngestError as exc:
             self.layout.stop(f"a part could not be uploaded: {exc}")
@@ -230,16 +231,13 @@ class _Stream:
         return done
 
     async def finish(self, plan: VolumePlan) -> bool:
-        """Once the parts under way are up, upload the head (with the header) and the tail,
-        when ``plan`` is the volume streamed; False when it is not (``layout.stopped`` says
-        why): it is then written whole.
+        """Upload the head (with the header) and the tail, when ``plan`` is the volume
+        streamed, and wait for the parts still going up; False when it is not, or a part
+        failed (``layout.stopped`` says why): the volume is then written whole.
 
         Raises:
             SinkError: the head or the tail could not be uploaded.
         """
-        await self._settled()
-        if not {p.number for p in self.layout.parts} <= set(self._upload.numbers):
-            self.layout.stop("a part was not uploaded")
         order = [m.sop_instance_uid for m in plan.members]
         parts = self.layout.finish(order, plan.shape, plan.dtype)
         if parts is None:
@@ -250,7 +248,7 @@ class _Stream:
         async def put(part: Part) -> None:
             body = self._body([self._waiting[sop] for sop in part.slices])
             try:
-                await self._upload.put(part.number, [header, *body] if part.header else body)
+                await self._put(part.number, [header, *body] if part.header else body)
             except IngestError as exc:  # raised below, ungrouped
                 errors.append(exc)
 
@@ -259,6 +257,10 @@ class _Stream:
                 group.start_soon(put, part)
         if errors:
             raise errors[0]
+        await self._settled()
+        if not {p.number for p in self.layout.parts} <= set(self._upload.numbers):
+            self.layout.stop(self.layout.stopped or "a part was not uploaded")
+            return False
         return True
 
     async def complete(self) -> None:
@@ -274,6 +276,10 @@ class _Stream:
         """Drop what was uploaded, once the parts under way are up."""
         await self._settled()
         await self._upload.abort()
+
+    async def _put(self, number: int, body: list[memoryview]) -> None:
+        async with self._limiter:  # as a whole write's parts: SINK_PARTS_IN_FLIGHT at once
+            await self._upload.put(number, body)
 
     async def _settled(self) -> None:
         while self._uploads:
@@ -323,6 +329,7 @@ class SeriesAssembler:
         # records this process writes, by series (a series' first slice here starts a stream
         # only when no other slice of it is recorded)
         self._streams: dict[SeriesId, _Stream] = {}
+        self._background: TaskGroup | None = None  # their part uploads (``run``'s)
         self._ours: dict[SeriesId, set[str]] = {}
         self.volumes_written = 0
         self.volumes_streamed = 0
@@ -433,7 +440,7 @@ class SeriesAssembler:
                     else:
                         hold.then(before.hold.release)
             slices[member.sop_instance_uid] = kept
-        await self._stream(series, member, kept, start=first_sight and not foreign)
+        self._feed(series, member, kept, start=first_sight and not foreign)
         self._due[series] = time.monotonic() + self._settings.series_quiet_s
         self._wake.set()
         counts = (member.images_in_acquisition, member.volume_slices)
@@ -503,25 +510,27 @@ class SeriesAssembler:
             series = _series_of(key[len(self._pending_root) :])
             if series is not None:
                 self._due.setdefault(series, started + self._settings.series_quiet_s)
-        task_status.started()
-        try:
-            while True:
-                now = time.monotonic()
-                for series in [s for s, t in self._due.items() if t <= now]:
-                    del self._due[series]
-                    try:
-                        await self.assemble(series, quiet=True)
-                    except IngestError as exc:  # the marker stays: a later run tries again
-                        log.warning("series volume failed", error=str(exc), reason=exc.reason)
-                        self._due[series] = time.monotonic() + self._settings.series_quiet_s
-                wait = min(self._due.values(), default=now + 3600.0) - time.monotonic()
-                with anyio.move_on_after(max(wait, 0.0)):
-                    await self._wake.wait()
-                self._wake = anyio.Event()
-        finally:  # stopping: the uploads of series not complete go (the next worker redoes them)
-            streams, self._streams = list(self._streams.values()), {}
-            for stream in streams:
-                await self._abandon(stream, "the worker stopped")
+        async with anyio.create_task_group() as background:
+            self._background = background
+            task_status.started()
+            try:
+                while True:
+                    now = time.monotonic()
+                    for series in [s for s, t in self._due.items() if t <= now]:
+                        del self._due[series]
+                        try:
+                            await self.assemble(series, quiet=True)
+                        except IngestError as exc:  # the marker stays: a later run tries again
+                            log.warning("series volume failed", error=str(exc), reason=exc.reason)
+                            self._due[series] = time.monotonic() + self._settings.series_quiet_s
+                    wait = min(self._due.values(), default=now + 3600.0) - time.monotonic()
+                    with anyio.move_on_after(max(wait, 0.0)):
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+            finally:  # stopping: uploads of series not complete go (the next worker redoes them)
+                streams, self._streams = list(self._streams.values()), {}
+                for stream in streams:
+                    await self._abandon(stream, "the worker stopped")
 
     async def assemble(self, series: SeriesId, *, quiet: bool) -> VolumePlan | None:
         """Plan the series from its member records and write the volume (once a version).
@@ -575,7 +584,12 @@ class SeriesAssembler:
         else:
             found = {}
         sidecar_key = f"{prefix}{plan.version}.json"
-        if not await self._sink.keys(sidecar_key):  # each version is written once
+        written = bool(await self._sink.keys(sidecar_key))  # each version is written once
+        if stream is not None and written:
+            stream.layout.stop("its version is written already")
+        elif stream is not None and plan.refused:
+            stream.layout.stop(f"the volume is refused: {plan.refused[0]}")
+        if not written:
             npy_key = nifti_key = None
             if not plan.refused:
                 streamed = stream is not None and await stream.finish(plan)
@@ -617,23 +631,44 @@ class SeriesAssembler:
             await self._forget(series, keys)
         return plan
 
-    async def _stream(
-        self, series: SeriesId, member: Member, kept: _Kept | None, *, start: bool
-    ) -> None:
+    def _feed(self, series: SeriesId, member: Member, kept: _Kept | None, *, start: bool) -> None:
         """Give one slice to the volume its series streams here (``start``: the series' first
-        slice here, none of it recorded by others, starts one), and upload the parts it
-        completes; a stream that stops is aborted (its volume is written whole)."""
+        slice here, none of it recorded by others, starts one). The parts it completes go up
+        in the background (``run``'s task group): a slice never waits for them; a stream
+        that stops is aborted there (its volume is written whole)."""
         stream = self._streams.get(series)
         if start and kept is not None and self._formats(member.shape, member.dtype)[0]:
             key = f"{self.volume_prefix(series)}stream-{uuid.uuid4().hex[:16]}"
             stream = self._streams[series] = _Stream(self._sink, key, member)
-        if stream is None:
+            # The slices of the series that came while this one listed its members passed
+            # here before the stream was; this one among them.
+            members = self._members[series]
+            parts = [
+                part
+                for sop, their in self._kept.get(series, {}).items()
+                if (them := members.get(sop)) is not None
+                for part in stream.take(them, their)
+            ]
+        elif stream is None:
             return
-        uploaded: list[tuple[str, _Kept]] = []
-        if kept is None:  # past SERIES_MEMORY: its values are not here to upload
+        elif kept is None:  # past SERIES_MEMORY: its values are not here to upload
             stream.layout.stop("a slice not kept in memory")
+            parts = []
         else:
-            uploaded = await stream.upload(stream.take(member, kept))
+            parts = stream.take(member, kept)
+        assert self._background is not None  # run() is started before any slice comes
+        if parts:
+            self._background.start_soon(self._upload, series, stream, parts)
+        elif stream.layout.stopped is not None and self._streams.get(series) is stream:
+            del self._streams[series]
+            self._background.start_soon(self._abandon, stream, stream.layout.stopped)
+
+    async def _upload(
+        self, series: SeriesId, stream: _Stream, parts: list[tuple[Part, list[tuple[str, _Kept]]]]
+    ) -> None:
+        """Upload parts a slice completed; then abort the stream if it stopped (unless an
+        assembly has it), or drop the slices uploaded when nothing else needs them."""
+        uploaded = await stream.upload(parts)
         if stream.layout.stopped is not None:
             if self._streams.get(series) is stream:  # else an assembly settles it
                 del self._streams[series]
