@@ -36,6 +36,20 @@ makes a new version beside it. Its slices are taken ``SLICES_IN_FLIGHT`` at a
 time and streamed into one multipart upload. A plan the checks refuse (gaps,
 uneven steps, mixed sizes) is written as a sidecar with ``npy`` null and the
 reasons.
+
+Most volumes are uploaded before that, while their slices arrive (``_Stream``):
+a series this process sees from its first slice, none of it recorded by another
+worker or an earlier run, has its ``.npy`` uploaded part by part as runs of
+adjacent slices come (``ingest.sink.volume_stream`` decides which), in the
+background of ``run``. When the series is complete and its plan is exactly the
+slices uploaded, the first part (with the header) and the last are uploaded and
+the upload completed, under ``.../stream-ID.npy`` (an upload is bound to its key
+before the version is known), which the version's sidecar names; anything else
+aborts the upload, and the volume is written whole as above. The values uploaded
+are the kept ones: with ``SERIES_SLICES=write`` (and nothing else to read them at
+the end) a slice is dropped once its part is up, its own ``.npy`` read back if
+the volume is written whole after all; held slices stay until the volume is
+durable, as their offsets do.
 """
 
 from __future__ import annotations
