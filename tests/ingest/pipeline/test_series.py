@@ -601,14 +601,17 @@ async def _no_volume_but_the_versions(
 
 
 @pytest.mark.parametrize(
-    ("direction", "slices_mode"), [("ascending", "write"), ("descending", "hold")]
+    ("direction", "slices_mode", "nifti_and_hook"),
+    [("ascending", "write", False), ("descending", "hold", False), ("descending", "write", True)],
 )
 async def test_slices_in_order_stream_the_volume_as_they_come(
-    stack: Stack, direction: str, slices_mode: str
+    stack: Stack, tmp_path: Path, direction: str, slices_mode: str, nifti_and_hook: bool
 ) -> None:
     """A series sent in order along its normal, either way: parts of its volume are up
     before its last slice is sent, and the volume, completed after it, is the sorted
-    slices bit for bit. Held slices' offsets are committed once it is durable."""
+    slices bit for bit. Held slices' offsets are committed once it is durable. The
+    ``.nii.gz`` and the series hook, which are not streamed, get the same voxels."""
+    hook_probe.SLABS.clear()
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
     slices = synthetic_ct_series(STREAMED_SLICES, 512, 512, seed=101)  # z descending
@@ -616,8 +619,18 @@ async def test_slices_in_order_stream_the_volume_as_they_come(
     await harness.upload(stack, names.source_bucket, slices)
     prefix = series_prefix(slices[0][1])
     bucket = names.output_bucket
+    extras = (
+        {"series_format": "both", "series_hook": "tests.hook_probe:collect_slabs"}
+        if nifti_and_hook
+        else {}
+    )
     settings = harness.make_settings(
-        stack, names, series="volume", series_slices=slices_mode, series_quiet_s="600"
+        stack,
+        names,
+        series="volume",
+        series_slices=slices_mode,
+        series_quiet_s="600",
+        **extras,
     )
     before_last: dict[str, list[int]] = {}
 
@@ -652,6 +665,18 @@ async def test_slices_in_order_stream_the_volume_as_they_come(
     assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
         slices
     )
+    if nifti_and_hook:  # named as the .npy, the same voxels; the hook's slabs in order
+        assert latest["nifti"] == key.removesuffix(".npy") + ".nii.gz"
+        path = tmp_path / "volume.nii.gz"
+        path.write_bytes(await harness.get_object(stack, bucket, latest["nifti"]))
+        image = nibabel.load(path)
+        assert isinstance(image, nibabel.Nifti1Image)
+        np.testing.assert_array_equal(np.asarray(image.dataobj), array.transpose(2, 1, 0))
+        slabs = [s for s in hook_probe.SLABS if s[0].version == latest["version"]]
+        assert [s.first_slice for s, _, _ in slabs] == list(range(0, len(slices), 8))
+        assert np.concatenate([host for _, host, _ in slabs]).tobytes() == array.tobytes()
+    else:
+        assert latest["nifti"] is None
 
 
 def _copy_of(data: bytes, **changes: Any) -> bytes:
