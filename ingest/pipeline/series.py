@@ -36,6 +36,20 @@ makes a new version beside it. Its slices are taken ``SLICES_IN_FLIGHT`` at a
 time and streamed into one multipart upload. A plan the checks refuse (gaps,
 uneven steps, mixed sizes) is written as a sidecar with ``npy`` null and the
 reasons.
+
+Most volumes are uploaded before that, while their slices arrive (``_Stream``):
+a series this process sees from its first slice, none of it recorded by another
+worker or an earlier run, has its ``.npy`` uploaded part by part as runs of
+adjacent slices come (``ingest.sink.volume_stream`` decides which), in the
+background of ``run``. When the series is complete and its plan is exactly the
+slices uploaded, the first part (with the header) and the last are uploaded and
+the upload completed, under ``.../stream-ID.npy`` (an upload is bound to its key
+before the version is known), which the version's sidecar names; anything else
+aborts the upload, and the volume is written whole as above. The values uploaded
+are the kept ones: with ``SERIES_SLICES=write`` (and nothing else to read them at
+the end) a slice is dropped once its part is up, its own ``.npy`` read back if
+the volume is written whole after all; held slices stay until the volume is
+durable, as their offsets do.
 """
 
 from __future__ import annotations
@@ -46,6 +60,7 @@ import dataclasses
 import io
 import json
 import time
+import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,13 +70,21 @@ from typing import Any, Final
 import anyio
 import numpy as np
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from ingest.errors import IngestError, ProcessingError, SinkError
 from ingest.hooks import HookSlab, SeriesHook
 from ingest.settings import Settings
 from ingest.sink.nifti import nifti_dtype, nifti_header
-from ingest.sink.output import ArrayWriter, OutputSink, Writer, npy_header
+from ingest.sink.output import (
+    MAX_PARTS,
+    MIN_PART,
+    ArrayWriter,
+    OutputSink,
+    PartUpload,
+    Writer,
+    npy_header,
+)
 from ingest.sink.series import (
     Member,
     SeriesId,
@@ -71,6 +94,7 @@ from ingest.sink.series import (
     member_of,
     plan_volume,
 )
+from ingest.sink.volume_stream import Part, VolumeStream
 from ingest.source.offsets import Partition
 from ingest_gpu.thread import DeviceThread
 
@@ -170,6 +194,121 @@ class _KeepingWriter:
         self._pieces.append(np.asarray(values, dtype=self._dtype))
 
 
+class _Stream:
+    """A series' volume uploaded while its slices arrive: ``VolumeStream`` says which slices
+    make which part; a part goes up as soon as it is cut (in the background); the head
+    (with the header) and the tail go up at the end (``finish``), when the plan is the
+    volume streamed, and ``complete`` makes the object. The values uploaded are those
+    kept of each slice (``_Kept``): no copy."""
+
+    def __init__(self, sink: OutputSink, key: str, first: Member) -> None:
+        self.key = key  # without its suffix (``.npy``; a NIfTI beside it, ``.nii.gz``)
+        self.layout = VolumeStream(first, MIN_PART, MAX_PARTS)
+        self.completed = False
+        self._dtype = np.dtype(first.dtype)
+        self._upload = PartUpload(sink, f"{key}.npy")
+        self._limiter = anyio.Semaphore(sink.parts_in_flight)
+        self._waiting: dict[str, _Kept] = {}  # slices taken and in no part uploaded yet
+        self._uploads = 0  # part uploads under way
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    def take(self, member: Member, kept: _Kept) -> list[tuple[Part, list[tuple[str, _Kept]]]]:
+        """Place one slice; the parts it completes, with their slices, to ``upload``."""
+        self._waiting[member.sop_instance_uid] = kept
+        return [
+            (part, [(sop, self._waiting.pop(sop)) for sop in part.slices])
+            for part in self.layout.add(member)
+        ]
+
+    async def upload(
+        self, parts: list[tuple[Part, list[tuple[str, _Kept]]]]
+    ) -> list[tuple[str, _Kept]]:
+        """Upload the parts ``take`` cut; one that fails stops the stream (it is not raised:
+        the volume is written whole at the end). Returns the slices uploaded."""
+        done: list[tuple[str, _Kept]] = []
+        if not parts:
+            return done
+        self._uploads += 1
+        if self._uploads == 1:
+            self._idle = anyio.Event()
+        try:
+            for part, slices in parts:
+                await self._put(part.number, self._body([k for _, k in slices]))
+                done += slices
+        except IngestError as exc:
+            self.layout.stop(f"a part could not be uploaded: {exc}")
+        finally:
+            self._uploads -= 1
+            if not self._uploads:
+                self._idle.set()
+        return done
+
+    async def finish(self, plan: VolumePlan) -> bool:
+        """Upload the head (with the header) and the tail, when ``plan`` is the volume
+        streamed, and wait for the parts still going up; False when it is not, or a part
+        failed (``layout.stopped`` says why): the volume is then written whole.
+
+        Raises:
+            SinkError: the head or the tail could not be uploaded.
+        """
+        order = [m.sop_instance_uid for m in plan.members]
+        parts = self.layout.finish(order, plan.shape, plan.dtype)
+        if parts is None:
+            return False
+        header = memoryview(npy_header(plan.shape, plan.dtype))
+        errors: list[IngestError] = []
+
+        async def put(part: Part) -> None:
+            body = self._body([self._waiting[sop] for sop in part.slices])
+            try:
+                await self._put(part.number, [header, *body] if part.header else body)
+            except IngestError as exc:  # raised below, ungrouped
+                errors.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for part in parts:
+                group.start_soon(put, part)
+        if errors:
+            raise errors[0]
+        await self._settled()
+        if not {p.number for p in self.layout.parts} <= set(self._upload.numbers):
+            self.layout.stop(self.layout.stopped or "a part was not uploaded")
+            return False
+        return True
+
+    async def complete(self) -> None:
+        """Make the ``.npy`` of the parts (``finish`` uploaded the last of them).
+
+        Raises:
+            SinkError: the completion failed.
+        """
+        await self._upload.complete()
+        self.completed = True
+
+    async def abort(self) -> None:
+        """Drop what was uploaded, once the parts under way are up."""
+        await self._settled()
+        await self._upload.abort()
+
+    async def _put(self, number: int, body: list[memoryview]) -> None:
+        async with self._limiter:  # as a whole write's parts: SINK_PARTS_IN_FLIGHT at once
+            await self._upload.put(number, body)
+
+    async def _settled(self) -> None:
+        while self._uploads:
+            await self._idle.wait()
+
+    def _body(self, slices: list[_Kept]) -> list[memoryview]:
+        return [
+            np.ascontiguousarray(k.values.astype(self._dtype, copy=False))
+            .reshape(-1)
+            .view(np.uint8)
+            .data
+            for k in slices
+        ]
+
+
 class SeriesAssembler:
     """Gathers the slices of each series into versioned volumes (the module's docstring)."""
 
@@ -200,8 +339,18 @@ class SeriesAssembler:
         self._loose: dict[str, _Kept] = {}
         self._kept: dict[SeriesId, dict[str, _Kept]] = {}
         self._memory = 0
+        # volumes uploaded while their slices arrive, by series; the slices whose member
+        # records this process writes, by series (a series' first slice here starts a stream
+        # only when no other slice of it is recorded)
+        self._streams: dict[SeriesId, _Stream] = {}
+        self._background: TaskGroup | None = None  # their part uploads (``run``'s)
+        self._ours: dict[SeriesId, set[str]] = {}
         self.volumes_written = 0
+        self.volumes_streamed = 0
         self.holding = settings.series_slices == "hold"
+        # a streamed slice's values are dropped once its part is up when nothing else needs
+        # them: its own `.npy` (written) is read back should the volume be written whole
+        self._drops_streamed = not self.holding and hook is None and settings.series_format == "npy"
         sink.keep = self.keep
 
     def volume_prefix(self, series: SeriesId) -> str:
@@ -272,6 +421,7 @@ class SeriesAssembler:
             (f"{prefix}members/{member.sop_instance_uid}.json", member.as_json()),
             (self._pending(series), _series_json(series)),
         ]
+        self._ours.setdefault(series, set()).add(member.sop_instance_uid)
         async with self._marker_lock:  # not while this process removes the marker
             self._adding[series] = self._adding.get(series, 0) + 1  # nor until these land
         try:
@@ -281,10 +431,13 @@ class SeriesAssembler:
             if not self._adding[series]:
                 del self._adding[series]
         members = self._members.get(series)
+        first_sight, foreign = members is None, False
         if members is None:  # this process has not seen the series: what is durable already
             members = self._members[series] = {}
             for found_key in await self._sink.keys(f"{prefix}members/"):
-                members.setdefault(_sop_of(found_key), None)  # read back when it is planned
+                sop = _sop_of(found_key)
+                members.setdefault(sop, None)  # read back when it is planned
+                foreign = foreign or sop not in self._ours.get(series, ())
         members[member.sop_instance_uid] = member
         hold = None
         if kept is not None:
@@ -301,6 +454,7 @@ class SeriesAssembler:
                     else:
                         hold.then(before.hold.release)
             slices[member.sop_instance_uid] = kept
+        self._feed(series, member, kept, start=first_sight and not foreign)
         self._due[series] = time.monotonic() + self._settings.series_quiet_s
         self._wake.set()
         counts = (member.images_in_acquisition, member.volume_slices)
@@ -370,20 +524,27 @@ class SeriesAssembler:
             series = _series_of(key[len(self._pending_root) :])
             if series is not None:
                 self._due.setdefault(series, started + self._settings.series_quiet_s)
-        task_status.started()
-        while True:
-            now = time.monotonic()
-            for series in [s for s, t in self._due.items() if t <= now]:
-                del self._due[series]
-                try:
-                    await self.assemble(series, quiet=True)
-                except IngestError as exc:  # the marker stays: a later run tries again
-                    log.warning("series volume failed", error=str(exc), reason=exc.reason)
-                    self._due[series] = time.monotonic() + self._settings.series_quiet_s
-            wait = min(self._due.values(), default=now + 3600.0) - time.monotonic()
-            with anyio.move_on_after(max(wait, 0.0)):
-                await self._wake.wait()
-            self._wake = anyio.Event()
+        async with anyio.create_task_group() as background:
+            self._background = background
+            task_status.started()
+            try:
+                while True:
+                    now = time.monotonic()
+                    for series in [s for s, t in self._due.items() if t <= now]:
+                        del self._due[series]
+                        try:
+                            await self.assemble(series, quiet=True)
+                        except IngestError as exc:  # the marker stays: a later run tries again
+                            log.warning("series volume failed", error=str(exc), reason=exc.reason)
+                            self._due[series] = time.monotonic() + self._settings.series_quiet_s
+                    wait = min(self._due.values(), default=now + 3600.0) - time.monotonic()
+                    with anyio.move_on_after(max(wait, 0.0)):
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+            finally:  # stopping: uploads of series not complete go (the next worker redoes them)
+                streams, self._streams = list(self._streams.values()), {}
+                for stream in streams:
+                    await self._abandon(stream, "the worker stopped")
 
     async def assemble(self, series: SeriesId, *, quiet: bool) -> VolumePlan | None:
         """Plan the series from its member records and write the volume (once a version).
@@ -405,56 +566,152 @@ class SeriesAssembler:
             plan = plan_volume(series, members, manifest=manifest)
             if not quiet and (not plan.complete_by_data or plan.refused):
                 return None
-            kept = self._kept.get(series, {})
-            if any(m.held and m.sop_instance_uid not in kept for m in plan.members):
-                # held elsewhere (another worker's memory, or a worker gone: its slices are
-                # redelivered) or already in a volume of this series
-                found = await self._in_volumes(series, plan.members, kept)
-                if found is None:
-                    if quiet:  # this worker's held slices become readable by the other
-                        await self._spill_series(series, lambda _: True)
-                        self._due[series] = time.monotonic() + self._settings.series_quiet_s
-                        self._wake.set()
-                    return None
-            else:
-                found = {}
-            sidecar_key = f"{prefix}{plan.version}.json"
-            if not await self._sink.keys(sidecar_key):  # each version is written once
-                npy_key = nifti_key = None
-                if not plan.refused:
-                    formats = self._settings.series_format
-                    if formats in ("npy", "both"):
-                        npy_key = f"{prefix}{plan.version}.npy"
-                    if formats in ("nifti", "both") and _nifti_able(plan):
-                        nifti_key = f"{prefix}{plan.version}.nii.gz"
-                    if npy_key is None and nifti_key is None:  # colour: no NIfTI
-                        npy_key = f"{prefix}{plan.version}.npy"
+            stream = self._streams.pop(series, None)  # settled here: completed or aborted
+            try:
+                return await self._write_plan(plan, keys, quiet, stream)
+            finally:
+                if stream is not None and not stream.completed:
+                    await self._abandon(stream, "the volume was not written from it")
+
+    async def _write_plan(
+        self, plan: VolumePlan, keys: list[str], quiet: bool, stream: _Stream | None
+    ) -> VolumePlan | None:
+        """``assemble``'s writing, under its lock: the volume, from ``stream`` when that was
+        uploaded as the slices came and is this plan's volume, else whole; then its sidecar.
+
+        Raises:
+            SinkError: reading the slices, or writing the volume, failed.
+        """
+        series = plan.series
+        prefix = self.volume_prefix(series)
+        kept = self._kept.get(series, {})
+        if any(m.held and m.sop_instance_uid not in kept for m in plan.members):
+            # held elsewhere (another worker's memory, or a worker gone: its slices are
+            # redelivered) or already in a volume of this series
+            found = await self._in_volumes(series, plan.members, kept)
+            if found is None:
+                if quiet:  # this worker's held slices become readable by the other
+                    await self._spill_series(series, lambda _: True)
+                    self._due[series] = time.monotonic() + self._settings.series_quiet_s
+                    self._wake.set()
+                return None
+        else:
+            found = {}
+        sidecar_key = f"{prefix}{plan.version}.json"
+        written = bool(await self._sink.keys(sidecar_key))  # each version is written once
+        if stream is not None and written:
+            stream.layout.stop("its version is written already")
+        elif stream is not None and plan.refused:
+            stream.layout.stop(f"the volume is refused: {plan.refused[0]}")
+        if not written:
+            npy_key = nifti_key = None
+            if not plan.refused:
+                streamed = stream is not None and await stream.finish(plan)
+                base = stream.key if stream is not None and streamed else prefix + plan.version
+                npy, nifti = self._formats(plan.shape, plan.dtype)
+                npy_key = f"{base}.npy" if npy else None
+                nifti_key = f"{base}.nii.gz" if nifti else None
+                if stream is not None and streamed:
+                    if nifti_key is not None or self._hook is not None:
+                        await self._write_volume(plan, None, nifti_key, found)
+                    await stream.complete()  # the .npy is durable
+                    self.volumes_streamed += 1
+                else:
                     await self._write_volume(plan, npy_key, nifti_key, found)
-                document = plan.as_json(npy_key, nifti_key)
-                await self._sink.put_json(sidecar_key, document)
-                await self._sink.put_json(f"{prefix}latest.json", document)
-                self.volumes_written += 1
-                log.info(
-                    "series volume written",
-                    slices=len(plan.members),
-                    version=plan.version,
-                    refused=len(plan.refused),
-                )
-            # the volume is durable: its held slices are released; the rest of this
-            # series' held slices (duplicates, left out, a refused plan) get outputs of
-            # their own
-            in_volume = {m.sop_instance_uid for m in plan.members}
-            for sop in [s for s in kept if s in in_volume]:
-                done = kept.pop(sop)
+            document = plan.as_json(npy_key, nifti_key)
+            await self._sink.put_json(sidecar_key, document)
+            await self._sink.put_json(f"{prefix}latest.json", document)
+            self.volumes_written += 1
+            log.info(
+                "series volume written",
+                slices=len(plan.members),
+                version=plan.version,
+                refused=len(plan.refused),
+                streamed=stream is not None and stream.completed,
+            )
+        # the volume is durable: its held slices are released; the rest of this
+        # series' held slices (duplicates, left out, a refused plan) get outputs of
+        # their own
+        in_volume = {m.sop_instance_uid for m in plan.members}
+        for sop in [s for s in kept if s in in_volume]:
+            done = kept.pop(sop)
+            self._drop(done)
+            if done.hold is not None:
+                done.hold.release()
+        await self._spill_series(series, lambda _: True)
+        for sop in [s for s, k in kept.items() if k.written]:  # read back if needed again
+            self._drop(kept.pop(sop))
+        if quiet or plan.complete_by_data:
+            await self._forget(series, keys)
+        return plan
+
+    def _feed(self, series: SeriesId, member: Member, kept: _Kept | None, *, start: bool) -> None:
+        """Give one slice to the volume its series streams here (``start``: the series' first
+        slice here, none of it recorded by others, starts one). The parts it completes go up
+        in the background (``run``'s task group): a slice never waits for them; a stream
+        that stops is aborted there (its volume is written whole)."""
+        stream = self._streams.get(series)
+        if start and kept is not None and self._formats(member.shape, member.dtype)[0]:
+            key = f"{self.volume_prefix(series)}stream-{uuid.uuid4().hex[:16]}"
+            stream = self._streams[series] = _Stream(self._sink, key, member)
+            # The slices of the series that came while this one listed its members passed
+            # here before the stream was; this one among them.
+            members = self._members[series]
+            parts = [
+                part
+                for sop, their in self._kept.get(series, {}).items()
+                if (them := members.get(sop)) is not None
+                for part in stream.take(them, their)
+            ]
+        elif stream is None:
+            return
+        elif kept is None:  # past SERIES_MEMORY: its values are not here to upload
+            stream.layout.stop("a slice not kept in memory")
+            parts = []
+        else:
+            parts = stream.take(member, kept)
+        assert self._background is not None  # run() is started before any slice comes
+        if parts:
+            self._background.start_soon(self._upload, series, stream, parts)
+        elif stream.layout.stopped is not None and self._streams.get(series) is stream:
+            del self._streams[series]
+            self._background.start_soon(self._abandon, stream, stream.layout.stopped)
+
+    async def _upload(
+        self, series: SeriesId, stream: _Stream, parts: list[tuple[Part, list[tuple[str, _Kept]]]]
+    ) -> None:
+        """Upload parts a slice completed; then abort the stream if it stopped (unless an
+        assembly has it), or drop the slices uploaded when nothing else needs them."""
+        uploaded = await stream.upload(parts)
+        if stream.layout.stopped is not None:
+            if self._streams.get(series) is stream:  # else an assembly settles it
+                del self._streams[series]
+                await self._abandon(stream, stream.layout.stopped)
+            return
+        slices = self._kept.get(series, {})
+        for sop, done in uploaded if self._drops_streamed else ():
+            if slices.get(sop) is done and done.written:
+                del slices[sop]
                 self._drop(done)
-                if done.hold is not None:
-                    done.hold.release()
-            await self._spill_series(series, lambda _: True)
-            for sop in [s for s, k in kept.items() if k.written]:  # read back if needed again
-                self._drop(kept.pop(sop))
-            if quiet or plan.complete_by_data:
-                await self._forget(series, keys)
-            return plan
+
+    async def _abandon(self, stream: _Stream, why: str) -> None:
+        """Abort a stream's upload: its volume is written whole, or not at all."""
+        stream.layout.stop(why)
+        log.info(
+            "series volume not streamed",
+            reason=stream.layout.stopped,
+            slices=stream.layout.slices,
+            parts=len(stream.layout.parts),
+        )
+        with anyio.move_on_after(self._settings.read_timeout_s, shield=True):
+            await stream.abort()
+
+    def _formats(self, shape: tuple[int, ...], dtype: str) -> tuple[bool, bool]:
+        """Whether a volume of ``shape`` (or its slices') and ``dtype`` is written as ``.npy``,
+        and as ``.nii.gz`` (``SERIES_FORMAT``; a colour volume as ``.npy`` only)."""
+        formats = self._settings.series_format
+        nifti = formats in ("nifti", "both") and _nifti_able(shape, dtype)
+        return formats in ("npy", "both") or not nifti, nifti
 
     async def _forget(self, series: SeriesId, keys: list[str]) -> None:
         """Done with ``series``, unless a member came since its members were ``keys``:
@@ -466,6 +723,7 @@ class SeriesAssembler:
                 return  # one came meanwhile: its marker stays
             await self._sink.delete(self._pending(series))
             self._members.pop(series, None)
+            self._ours.pop(series, None)
             self._manifests.pop(series, None)
             self._due.pop(series, None)
             for left in self._kept.pop(series, {}).values():
@@ -738,9 +996,9 @@ class _NiftiWriter:
         return [memoryview(b) for b in self._out if b]
 
 
-def _nifti_able(plan: VolumePlan) -> bool:
-    """Whether the volume can be a NIfTI-1 image (monochrome, a type it has)."""
-    return len(plan.shape) == 3 and nifti_dtype(plan.dtype) is not None
+def _nifti_able(shape: tuple[int, ...], dtype: str) -> bool:
+    """Whether a volume (or its slices) can be a NIfTI-1 image (monochrome, a type it has)."""
+    return len(shape) == 3 and nifti_dtype(dtype) is not None
 
 
 class _BadRecord(SinkError):

@@ -259,6 +259,51 @@ class ArrayWriter:
                 await self._sink._abort_upload(self._key, self._upload.upload_id)
 
 
+class PartUpload:
+    """One multipart upload of a ``.npy`` whose parts the caller numbers and sends in any
+    order (a series volume streamed as its slices arrive, ``ingest.pipeline.series``).
+    Nothing is visible under ``key`` until ``complete``; ``abort`` drops the parts."""
+
+    def __init__(self, sink: OutputSink, key: str) -> None:
+        self._sink = sink
+        self.key = key
+        self._upload_id: str | None = None
+        self._creating = anyio.Lock()  # parts sent at once create one upload
+        self._etags: dict[int, str] = {}
+
+    @property
+    def numbers(self) -> list[int]:
+        """The parts uploaded so far."""
+        return sorted(self._etags)
+
+    async def put(self, number: int, body: list[memoryview]) -> None:
+        """Upload part ``number`` (the upload is created with the first part).
+
+        Raises:
+            SinkError: the part could not be uploaded.
+        """
+        async with self._creating:
+            if self._upload_id is None:
+                self._upload_id = await self._sink._create_upload(self.key)
+        etag = await self._sink._upload_part(self.key, self._upload_id, number, body)
+        self._etags[number] = etag
+
+    async def complete(self) -> None:
+        """Make the object of every part uploaded, in the order of their numbers.
+
+        Raises:
+            SinkError: the completion failed.
+        """
+        parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self._etags.items())]
+        await self._sink._complete_upload(self.key, self._upload_id, parts)
+
+    async def abort(self) -> None:
+        """Drop the parts uploaded (none are, or ever were: nothing to do)."""
+        if self._upload_id is not None:
+            with anyio.CancelScope(shield=True):
+                await self._sink._abort_upload(self.key, self._upload_id)
+
+
 class Writer(Protocol):
     """What ``OutputSink.array`` gives: ``async with`` it, ``write`` the values in order."""
 

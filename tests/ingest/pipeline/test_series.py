@@ -15,7 +15,7 @@ import json
 import random
 import signal
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -546,3 +546,225 @@ async def test_a_bad_manifest_fails_the_volume_not_the_slices(stack: Stack) -> N
     latest, array = await volume_of(stack, names.output_bucket, prefix)
     assert latest["complete_by"] == "manifest"
     assert array.tobytes() == expected_volume(slices).tobytes()
+
+
+# Streamed volumes: 512 x 512 float32 slices (1 MiB), eight a part of 8 MiB.
+STREAMED_SLICES = 24
+
+
+async def multipart_uploads(stack: Stack, bucket: str, prefix: str) -> dict[str, list[int]]:
+    """The incomplete multipart uploads under ``prefix``, with the numbers of their parts."""
+    found: dict[str, list[int]] = {}
+    async with harness.s3_client(stack) as s3:
+        answer = await s3.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
+        for upload in answer.get("Uploads", []):
+            try:
+                parts = await s3.list_parts(
+                    Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+            except s3.exceptions.NoSuchUpload:  # aborted or completed since the listing
+                continue
+            found[upload["Key"]] = sorted(p["PartNumber"] for p in parts.get("Parts", []))
+    return found
+
+
+async def run_in_phases(
+    settings: Settings,
+    stack: Stack,
+    names: harness.Names,
+    phases: Sequence[tuple[Sequence[str], Callable[[list[Outcome]], Awaitable[bool]]]],
+) -> Worker:
+    """One worker; for each phase, publish its keys then wait until its condition holds."""
+    seen: list[Outcome] = []
+    worker = Worker(settings, seen.append)
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        for keys, ready in phases:
+            if keys:
+                await publish(stack, names, keys)
+            with anyio.fail_after(90):
+                while not await ready(seen):  # noqa: ASYNC110 (S3 is polled)
+                    await anyio.sleep(0.1)
+        worker.stop()
+    return worker
+
+
+async def _no_volume_but_the_versions(
+    stack: Stack, bucket: str, prefix: str, latest: dict[str, Any]
+) -> None:
+    """No multipart upload left under the series, and no ``.npy`` beside its versions but
+    the one its sidecars name (nothing half written, nothing streamed left over)."""
+    assert await multipart_uploads(stack, bucket, prefix) == {}
+    keys = await output_keys(stack, bucket)
+    arrays = [k for k in keys if k.startswith(prefix) and k.count("/") == prefix.count("/")]
+    assert [k for k in arrays if k.endswith(".npy")] == [latest["npy"]]
+
+
+@pytest.mark.parametrize(
+    ("direction", "slices_mode", "nifti_and_hook"),
+    [("ascending", "write", False), ("descending", "hold", False), ("descending", "write", True)],
+)
+async def test_slices_in_order_stream_the_volume_as_they_come(
+    stack: Stack, tmp_path: Path, direction: str, slices_mode: str, nifti_and_hook: bool
+) -> None:
+    """A series sent in order along its normal, either way: parts of its volume are up
+    before its last slice is sent, and the volume, completed after it, is the sorted
+    slices bit for bit. Held slices' offsets are committed once it is durable. The
+    ``.nii.gz`` and the series hook, which are not streamed, get the same voxels."""
+    hook_probe.SLABS.clear()
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(STREAMED_SLICES, 512, 512, seed=101)  # z descending
+    arrivals = slices if direction == "descending" else slices[::-1]
+    await harness.upload(stack, names.source_bucket, slices)
+    prefix = series_prefix(slices[0][1])
+    bucket = names.output_bucket
+    extras = (
+        {"series_format": "both", "series_hook": "tests.hook_probe:collect_slabs"}
+        if nifti_and_hook
+        else {}
+    )
+    settings = harness.make_settings(
+        stack,
+        names,
+        series="volume",
+        series_slices=slices_mode,
+        series_quiet_s="600",
+        **extras,
+    )
+    before_last: dict[str, list[int]] = {}
+
+    async def parts_up(seen: list[Outcome]) -> bool:
+        before_last.update(await multipart_uploads(stack, bucket, prefix))
+        return any(before_last.values())
+
+    async def written(seen: list[Outcome]) -> bool:
+        return (
+            len(seen) == len(slices)
+            and await get_json(stack, bucket, prefix + "latest.json") is not None
+        )
+
+    worker = await run_in_phases(
+        settings,
+        stack,
+        names,
+        [([k for k, _ in arrivals[:-1]], parts_up), ([arrivals[-1][0]], written)],
+    )
+
+    latest, array = await volume_of(stack, bucket, prefix)
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    [(key, numbers)] = before_last.items()  # one upload, its parts up before the last slice
+    assert key == latest["npy"]
+    assert key.startswith(prefix + "stream-")
+    assert numbers == ([2] if direction == "ascending" else [9999])
+    assert worker.series is not None
+    assert worker.series.volumes_streamed == 1
+    await _no_volume_but_the_versions(stack, bucket, prefix, latest)
+    if slices_mode == "hold":
+        assert [s["npy"] for s in latest["slices"]] == [None] * len(slices)
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
+        slices
+    )
+    if nifti_and_hook:  # named as the .npy, the same voxels; the hook's slabs in order
+        assert latest["nifti"] == key.removesuffix(".npy") + ".nii.gz"
+        path = tmp_path / "volume.nii.gz"
+        path.write_bytes(await harness.get_object(stack, bucket, latest["nifti"]))
+        image = nibabel.load(path)
+        assert isinstance(image, nibabel.Nifti1Image)
+        np.testing.assert_array_equal(np.asarray(image.dataobj), array.transpose(2, 1, 0))
+        slabs = [s for s in hook_probe.SLABS if s[0].version == latest["version"]]
+        assert [s.first_slice for s, _, _ in slabs] == list(range(0, len(slices), 8))
+        assert np.concatenate([host for _, host, _ in slabs]).tobytes() == array.tobytes()
+    else:
+        assert latest["nifti"] is None
+
+
+def _copy_of(data: bytes, **changes: Any) -> bytes:
+    ds = pydicom.dcmread(io.BytesIO(data))
+    for keyword, value in changes.items():
+        setattr(ds, keyword, value)
+    buffer = io.BytesIO()
+    ds.save_as(buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("case", "slices_mode"),
+    [("interleaved", "write"), ("duplicate", "hold"), ("missing", "write")],
+)
+async def test_a_stream_broken_writes_the_volume_whole(
+    stack: Stack, case: str, slices_mode: str
+) -> None:
+    """The order breaks once parts are up: the even slices first, then the odd ones; a
+    second slice at a position already streamed; a slice missing until the quiet period
+    has refused the volume, then coming late. The upload is aborted and the volume
+    written whole, as without streaming: the sorted slices, under its version's key;
+    no multipart upload is left and no other ``.npy`` beside the versions. Written
+    slices whose parts were up are read back; held ones stay in memory until then."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    count = 36 if case == "interleaved" else STREAMED_SLICES  # 18 even slices: two parts
+    slices = synthetic_ct_series(count, 512, 512, seed=111)  # z descending
+    prefix = series_prefix(slices[0][1])
+    bucket = names.output_bucket
+    keys = [k for k, _ in slices]
+    quiet = "2" if case == "missing" else "600"
+    settings = harness.make_settings(
+        stack, names, series="volume", series_slices=slices_mode, series_quiet_s=quiet
+    )
+    extra: list[tuple[str, bytes]] = []
+    if case == "duplicate":  # slice 3's position, another instance (kept: the first)
+        uid = pydicom.uid.generate_uid()
+        extra = [("dup.dcm", _copy_of(slices[3][1], SOPInstanceUID=uid, InstanceNumber=100))]
+    await harness.upload(stack, names.source_bucket, [*slices, *extra])
+    seen_uploads: dict[str, list[int]] = {}
+
+    async def parts_up(seen: list[Outcome]) -> bool:
+        seen_uploads.update(await multipart_uploads(stack, bucket, prefix))
+        return any(seen_uploads.values())
+
+    async def aborted(seen: list[Outcome]) -> bool:
+        return await multipart_uploads(stack, bucket, prefix) == {}
+
+    def latest_of(total: int) -> Callable[[list[Outcome]], Awaitable[bool]]:
+        async def ready(seen: list[Outcome]) -> bool:
+            latest = await get_json(stack, bucket, prefix + "latest.json")
+            return latest is not None and len(latest["slices"]) == total
+
+        return ready
+
+    phases: list[tuple[Sequence[str], Callable[[list[Outcome]], Awaitable[bool]]]]
+    if case == "interleaved":
+        phases = [(keys[0::2], parts_up), (keys[1::2], latest_of(count))]
+    elif case == "duplicate":
+        phases = [
+            (keys[:20], parts_up),
+            (["dup.dcm"], aborted),
+            (keys[20:], latest_of(count)),
+        ]
+    else:  # slice 12 missing: the quiet period refuses the volume; then it comes late
+        phases = [
+            (keys[:12] + keys[13:], parts_up),
+            ([], latest_of(count - 1)),
+            ([keys[12]], latest_of(count)),
+        ]
+    await run_in_phases(settings, stack, names, phases)
+
+    latest, array = await volume_of(stack, bucket, prefix)
+    assert any(seen_uploads.values())  # parts were up before the stream broke
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    assert latest["npy"] == f"{prefix}{latest['version']}.npy"  # written whole
+    if case == "duplicate":
+        assert latest["duplicates"] == [uid]
+    await _no_volume_but_the_versions(stack, bucket, prefix, latest)
+    if case == "missing":  # the refused version stays as it was, beside the new one
+        versions = [
+            await get_json(stack, bucket, k)
+            for k in await output_keys(stack, bucket)
+            if k.startswith(prefix) and k.count("/") == prefix.count("/") and k.endswith(".json")
+        ]
+        refused = [v for v in versions if v is not None and v["refused"]]
+        assert len(refused) == 1
+        assert "1 missing slice(s)" in refused[0]["refused"][0]
+    records = len(slices) + len(extra)
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == records

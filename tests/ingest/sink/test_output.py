@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ingest.settings import Settings
-from ingest.sink.output import MIN_PART, NPY_TYPE, ArrayWriter, OutputSink
+from ingest.sink.output import MIN_PART, NPY_TYPE, ArrayWriter, OutputSink, PartUpload
 
 pytestmark = pytest.mark.anyio
 
@@ -30,8 +30,11 @@ class _Sink:
         self.most = 0
         self.parts: dict[int, bytes] = {}
         self.completed: list[dict[str, Any]] = []
+        self.created = 0
 
     async def _create_upload(self, key: str) -> str:
+        self.created += 1
+        await anyio.sleep(0.01)  # parts sent meanwhile wait for this upload
         return "upload-1"
 
     async def _upload_part(
@@ -93,3 +96,19 @@ async def test_every_part_says_what_it_holds() -> None:
         ("http://s3.test/out/p/k.npy?partNumber=3", {"Content-Type": NPY_TYPE}, b"abc")
     ]
     assert NPY_TYPE == "application/octet-stream"
+
+
+async def test_parts_numbered_by_the_caller_in_any_order_make_one_upload() -> None:
+    """A streamed series volume's parts: sent at once, out of order and with gaps in their
+    numbers; one upload, completed with the parts in the order of their numbers."""
+    sink = _Sink(4)
+    upload = PartUpload(sink, "k.npy")  # type: ignore[arg-type]
+    async with anyio.create_task_group() as group:
+        for number in (9999, 10_000, 9998):
+            group.start_soon(upload.put, number, [memoryview(bytes([number % 256]))])
+    await upload.put(9997, [memoryview(b"header")])
+    await upload.complete()
+    assert sink.created == 1
+    assert upload.numbers == [9997, 9998, 9999, 10_000]
+    assert [p["PartNumber"] for p in sink.completed] == [9997, 9998, 9999, 10_000]
+    assert all(p["ETag"] == f"etag-{p['PartNumber']}" for p in sink.completed)
