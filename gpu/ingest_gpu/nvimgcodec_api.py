@@ -34,8 +34,7 @@ import functools
 import importlib.util
 import os
 import threading
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 SUPPORTED: Final = (0, 9)  # major, minor: the header these structures copy
 MAX_CODEC_NAME_SIZE: Final = 256
@@ -174,9 +173,9 @@ class DecodeParams(_Header):
     _fields_ = [("apply_exif_orientation", _int)]
 
 
-@dataclass(frozen=True, slots=True)
-class Declared:
-    """What a codestream's header declares, as the output image is made from it."""
+class Declared(NamedTuple):
+    """What a codestream's header declares, as the output image is made from it (a
+    tuple: made for every frame, and a key of the kept output images)."""
 
     height: int
     width: int
@@ -348,14 +347,14 @@ class CodeStream:
         )
         plane = info.plane_info[0]
         self.declared = Declared(
-            height=plane.height,
-            width=plane.width,
-            channels=max(info.num_planes, plane.num_channels),
-            sample_type=plane.sample_type,
-            precision=plane.precision,
-            color_spec=info.color_spec,
-            chroma_subsampling=info.chroma_subsampling,
-            sample_format=info.sample_format,
+            plane.height,
+            plane.width,
+            max(info.num_planes, plane.num_channels),
+            plane.sample_type,
+            plane.precision,
+            info.color_spec,
+            info.chroma_subsampling,
+            info.sample_format,
         )
 
     def __del__(self) -> None:
