@@ -656,7 +656,10 @@ async def test_slices_in_order_stream_the_volume_as_they_come(
     [(key, numbers)] = before_last.items()  # one upload, its parts up before the last slice
     assert key == latest["npy"]
     assert key.startswith(prefix + "stream-")
-    assert numbers == ([2] if direction == "ascending" else [9999])
+    # one part up before the last slice: numbered up from 2 or down from 9999 as the slices
+    # first seen suggested (on a busy machine they finish far out of order, and either
+    # guess places every part by its position, as the volume's bytes above show)
+    assert numbers in ([2], [9999])
     assert worker.series is not None
     assert worker.series.volumes_streamed == 1
     await _no_volume_but_the_versions(stack, bucket, prefix, latest)
