@@ -6,7 +6,9 @@ also leaves a member record under ``OUTPUT_URL + "series/" + STUDY/SERIES/FRAME_
 (which this process does not remove while a member record is being written),
 both before the slice's offset is committed: the assembly's whole state is
 durable outputs or uncommitted offsets, so a worker killed at any point, or a
-partition that moves to another worker, loses nothing. Then:
+partition that moves to another worker, loses nothing. A held slice (below)
+writes no marker: its offset is not committed before its values are durable, and
+it is spilled after writing the marker. Then:
 
 - when the data says the series is complete (Images in Acquisition, NM's and
   PET's Number of Slices, or a series manifest whose instances are all there),
@@ -62,7 +64,7 @@ import json
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -329,6 +331,7 @@ class SeriesAssembler:
         # the member records this process wrote or read, by series: active series only
         self._members: dict[SeriesId, dict[str, Member | None]] = {}
         self._adding: dict[SeriesId, int] = {}  # adds writing a member record now
+        self._markers: dict[SeriesId, _Marker] = {}  # the pending markers' PUTs, by series
         self._marker_lock = anyio.Lock()  # a marker is not deleted while an add decides on it
         self._manifests: dict[SeriesId, tuple[frozenset[str] | None, float]] = {}
         self._due: dict[SeriesId, float] = {}  # when a series' quiet period ends
@@ -415,17 +418,15 @@ class SeriesAssembler:
         if held:
             member = dataclasses.replace(member, held=True)
         prefix = self.volume_prefix(series)
-        # Every slice writes the marker again: another worker may have removed it (its
-        # volume written) while this one's slices of the series still come.
-        puts: list[tuple[str, Mapping[str, Any]]] = [
-            (f"{prefix}members/{member.sop_instance_uid}.json", member.as_json()),
-            (self._pending(series), _series_json(series)),
-        ]
         self._ours.setdefault(series, set()).add(member.sop_instance_uid)
         async with self._marker_lock:  # not while this process removes the marker
             self._adding[series] = self._adding.get(series, 0) + 1  # nor until these land
         try:
-            await self._put_all(puts)
+            # A held slice's offset waits for a volume or its own output (a spill, which
+            # writes the marker then), so only a slice committed now needs the marker.
+            await self._record(
+                series, f"{prefix}members/{member.sop_instance_uid}.json", member, mark=not held
+            )
         finally:
             self._adding[series] -= 1
             if not self._adding[series]:
@@ -487,6 +488,8 @@ class SeriesAssembler:
         slices = self._kept.get(series, {})
         members = self._members.get(series, {})
         chosen = [(sop, k) for sop, k in slices.items() if not k.written and which(k)]
+        if chosen:  # these offsets are committed before their series is written
+            await self._mark(series)
         errors: list[IngestError] = []
         for start in range(0, len(chosen), SLICES_IN_FLIGHT):
             batch = chosen[start : start + SLICES_IN_FLIGHT]
@@ -598,15 +601,26 @@ class SeriesAssembler:
         else:
             found = {}
         sidecar_key = f"{prefix}{plan.version}.json"
-        written = bool(await self._sink.keys(sidecar_key))  # each version is written once
+        if stream is not None and plan.refused:
+            stream.layout.stop(f"the volume is refused: {plan.refused[0]}")
+        # Each version is written once. A stream's last parts go up while that is looked
+        # up: they are aborted with it when the version is there already.
+        written = streamed = False
+
+        async def look() -> None:
+            nonlocal written
+            written = bool(await self._sink.keys(sidecar_key))
+
+        async def finish() -> None:
+            nonlocal streamed
+            streamed = stream is not None and await stream.finish(plan)
+
+        await _all([look, finish] if stream is not None and not plan.refused else [look])
         if stream is not None and written:
             stream.layout.stop("its version is written already")
-        elif stream is not None and plan.refused:
-            stream.layout.stop(f"the volume is refused: {plan.refused[0]}")
         if not written:
             npy_key = nifti_key = None
             if not plan.refused:
-                streamed = stream is not None and await stream.finish(plan)
                 base = stream.key if stream is not None and streamed else prefix + plan.version
                 npy, nifti = self._formats(plan.shape, plan.dtype)
                 npy_key = f"{base}.npy" if npy else None
@@ -619,8 +633,14 @@ class SeriesAssembler:
                 else:
                     await self._write_volume(plan, npy_key, nifti_key, found)
             document = plan.as_json(npy_key, nifti_key)
-            await self._sink.put_json(sidecar_key, document)
-            await self._sink.put_json(f"{prefix}latest.json", document)
+            # at once: a latest.json without its version's sidecar (a kill between them) is
+            # written again with the version, which is not taken as written without it
+            await _all(
+                [
+                    lambda: self._sink.put_json(sidecar_key, document),
+                    lambda: self._sink.put_json(f"{prefix}latest.json", document),
+                ]
+            )
             self.volumes_written += 1
             log.info(
                 "series volume written",
@@ -722,6 +742,7 @@ class SeriesAssembler:
             if await self._sink.keys(f"{self.volume_prefix(series)}members/") != keys:
                 return  # one came meanwhile: its marker stays
             await self._sink.delete(self._pending(series))
+            self._markers.pop(series, None)  # no add is marking it: none is adding
             self._members.pop(series, None)
             self._ours.pop(series, None)
             self._manifests.pop(series, None)
@@ -729,25 +750,41 @@ class SeriesAssembler:
             for left in self._kept.pop(series, {}).values():
                 self._drop(left)
 
-    async def _put_all(self, documents: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        """PUT JSON documents at once.
+    async def _record(self, series: SeriesId, key: str, member: Member, *, mark: bool) -> None:
+        """PUT a member record and, with ``mark``, make sure of the series' pending marker,
+        at once.
 
         Raises:
             SinkError: one of them could not be written.
         """
-        errors: list[IngestError] = []
+        if not mark:
+            await self._sink.put_json(key, member.as_json())
+            return
+        await _all(
+            [
+                lambda: self._sink.put_json(key, member.as_json()),
+                lambda: self._mark(series),
+            ]
+        )
 
-        async def put(key: str, document: Mapping[str, Any]) -> None:
-            try:
-                await self._sink.put_json(key, document)
-            except IngestError as exc:  # raised below, ungrouped
-                errors.append(exc)
+    async def _mark(self, series: SeriesId) -> None:
+        """PUT the series' pending marker; return once a PUT of it that began after this
+        call has landed. Every committed slice writes it again (another worker may have
+        removed it, its volume written, while this one's slices of the series still come);
+        calls that meet while one PUT is going share the next.
 
-        async with anyio.create_task_group() as group:
-            for key, document in documents:
-                group.start_soon(put, key, document)
-        if errors:
-            raise errors[0]
+        Raises:
+            SinkError: the marker could not be written.
+        """
+        marker = self._markers.setdefault(series, _Marker())
+        marker.asked += 1
+        wanted = marker.asked
+        async with marker.lock:
+            if marker.landed >= wanted:
+                return
+            begun = marker.asked  # every call made so far is answered by this PUT
+            await self._sink.put_json(self._pending(series), _series_json(series))
+            marker.landed = max(marker.landed, begun)
 
     async def _manifest(
         self, series: SeriesId, refresh_after: float | None
@@ -1003,6 +1040,38 @@ def _nifti_able(shape: tuple[int, ...], dtype: str) -> bool:
 
 class _BadRecord(SinkError):
     retriable = False
+
+
+@dataclass(slots=True)
+class _Marker:
+    """A series' pending marker's PUTs in this process: ``asked``, the calls of ``_mark``
+    so far; ``landed``, how many of them the last PUT that landed answers (it began
+    after them)."""
+
+    lock: anyio.Lock = dataclasses.field(default_factory=anyio.Lock)
+    asked: int = 0
+    landed: int = 0
+
+
+async def _all(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``calls`` at once; the first error of theirs is raised, ungrouped.
+
+    Raises:
+        IngestError: one of them failed.
+    """
+    errors: list[IngestError] = []
+
+    async def one(call: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await call()
+        except IngestError as exc:  # raised below, ungrouped
+            errors.append(exc)
+
+    async with anyio.create_task_group() as group:
+        for call in calls:
+            group.start_soon(one, call)
+    if errors:
+        raise errors[0]
 
 
 def _sop_of(key: str) -> str:

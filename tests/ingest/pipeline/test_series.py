@@ -15,6 +15,7 @@ import json
 import random
 import signal
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from ingest.dicom.parse import DicomHeader, parse_header
 from ingest.embedded.samples import synthetic_ct_series, synthetic_pet_series
 from ingest.embedded.stack import Stack
 from ingest.settings import Settings
+from ingest.sink.output import OutputSink
 from ingest.worker import Outcome, Worker
 from tests import harness, hook_probe
 from tests.chaos import WorkerProcess, no_orphans, worker_environment
@@ -61,6 +63,11 @@ def expected_volume(slices: Sequence[tuple[str, bytes]]) -> np.ndarray:
         slices, key=lambda s: float(pydicom.dcmread(io.BytesIO(s[1])).ImagePositionPatient[2])
     )
     return np.concatenate([reference_array(data, None, "float32") for _, data in ordered])
+
+
+def pending_key(prefix: str) -> str:
+    """The pending marker of the series whose volumes are under ``prefix``."""
+    return "out/series-pending/" + prefix.removeprefix("out/series/")[:-1] + ".json"
 
 
 async def get_json(stack: Stack, bucket: str, key: str) -> dict[str, Any] | None:
@@ -158,8 +165,7 @@ async def test_shuffled_and_interleaved_series_make_one_volume_each(stack: Stack
         assert latest["refused"] == []
         version = await get_json(stack, names.output_bucket, f"{prefix}{latest['version']}.json")
         assert version == latest
-        pending = "out/series-pending/" + prefix.removeprefix("out/series/")[:-1] + ".json"
-        assert await get_json(stack, names.output_bucket, pending) is None  # done with
+        assert await get_json(stack, names.output_bucket, pending_key(prefix)) is None  # done
         slabs = [s for s in hook_probe.SLABS if s[0].version == latest["version"]]
         assert [s.first_slice for s, _, _ in slabs] == list(range(0, len(slices), 8))
         assert all(s.shape == array.shape for s, _, _ in slabs)
@@ -317,6 +323,8 @@ async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: P
         assert committed == done
         keys = await output_keys(stack, names.output_bucket)
         assert len([k for k in keys if k.endswith(".npy")]) == done
+        # committed, and not in a volume yet: the series' pending marker says so
+        assert await get_json(stack, names.output_bucket, pending_key(prefix)) is not None
         second = WorkerProcess(env, tmp_path / "second.log").start()
         with anyio.fail_after(60):
             while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:
@@ -437,6 +445,75 @@ async def test_held_slices_write_only_the_volume_and_its_nifti(
     lps = np.asarray(latest["affine"])
     ras = np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps[:, [2, 1, 0, 3]]
     np.testing.assert_allclose(image.affine, ras, atol=1e-4)
+
+
+def count_requests(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Count the output sink's requests by operation and what they are of (``PUT member``,
+    ``LIST member``, ``PUT marker``, ``PUT slice``...), multipart parts and all."""
+    counts: Counter[str] = Counter()
+
+    def of(key: str) -> str:
+        if "series-pending/" in key:
+            return "marker"
+        if "series-manifests/" in key:
+            return "manifest"
+        if "/members/" in key:
+            return "member"
+        return "volume" if "out/series/" in key else "slice"
+
+    def counted(name: str, operation: str) -> None:
+        inner = getattr(OutputSink, name)
+
+        async def call(self: OutputSink, key: str, *args: Any, **kwargs: Any) -> Any:
+            counts[f"{operation} {of(key)}"] += 1
+            return await inner(self, key, *args, **kwargs)
+
+        monkeypatch.setattr(OutputSink, name, call)
+
+    for name, operation in [
+        ("put", "PUT"),
+        ("get", "GET"),
+        ("keys", "LIST"),
+        ("delete", "DELETE"),
+        ("_upload_part", "PART"),
+    ]:
+        counted(name, operation)
+    return counts
+
+
+@pytest.mark.parametrize("slices_mode", ["write", "hold"])
+async def test_the_requests_a_slice_pays(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, slices_mode: str
+) -> None:
+    """Each slice PUTs its member record; only a slice committed before its series'
+    volume (``write``) needs the pending marker, and slices that meet share one PUT
+    of it; a held slice's offset waits for the volume, so ``hold`` writes no marker."""
+    counts = count_requests(monkeypatch)
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(12, 64, 64, seed=57)
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(
+        stack, names, series="volume", series_slices=slices_mode, series_quiet_s="600"
+    )
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    _, array = await volume_of(stack, names.output_bucket, prefix)
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    assert counts["PUT member"] == len(slices)
+    if slices_mode == "hold":
+        assert counts["PUT marker"] == 0
+        assert counts["PUT slice"] == len(slices)  # sidecars: no slice's .npy
+    else:
+        assert 1 <= counts["PUT marker"] <= len(slices)
+        assert counts["PUT slice"] == 2 * len(slices)
+    assert await get_json(stack, names.output_bucket, pending_key(prefix)) is None
+    assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
+        slices
+    )
 
 
 @pytest.mark.parametrize("slices_mode", ["write", "hold"])
