@@ -679,7 +679,12 @@ async def _no_volume_but_the_versions(
 
 @pytest.mark.parametrize(
     ("direction", "slices_mode", "nifti_and_hook"),
-    [("ascending", "write", False), ("descending", "hold", False), ("descending", "write", True)],
+    [
+        ("ascending", "write", False),
+        ("descending", "hold", False),
+        # a .nii.gz and a series hook beside the stream: with `make chaos`, for time
+        pytest.param("descending", "write", True, marks=pytest.mark.slow),
+    ],
 )
 async def test_slices_in_order_stream_the_volume_as_they_come(
     stack: Stack, tmp_path: Path, direction: str, slices_mode: str, nifti_and_hook: bool
@@ -770,14 +775,19 @@ def _copy_of(data: bytes, **changes: Any) -> bytes:
 
 @pytest.mark.parametrize(
     ("case", "slices_mode"),
-    [("interleaved", "write"), ("duplicate", "hold"), ("missing", "write")],
+    [
+        ("interleaved", "write"),
+        pytest.param("duplicate", "hold", marks=pytest.mark.slow),  # for time: `make chaos`
+        ("missing", "write"),
+    ],
 )
 async def test_a_stream_broken_writes_the_volume_whole(
     stack: Stack, case: str, slices_mode: str
 ) -> None:
     """The order breaks once parts are up: the even slices first, then the odd ones; a
     second slice at a position already streamed; a slice missing until the quiet period
-    has refused the volume, then coming late. The upload is aborted and the volume
+    has refused the volume, then coming late (parts up before it or not, as the direction
+    guessed from the first slices done allows). The upload is aborted and the volume
     written whole, as without streaming: the sorted slices, under its version's key;
     no multipart upload is left and no other ``.npy`` beside the versions. Written
     slices whose parts were up are read back; held ones stay in memory until then."""
@@ -823,15 +833,18 @@ async def test_a_stream_broken_writes_the_volume_whole(
             (keys[20:], latest_of(count)),
         ]
     else:  # slice 12 missing: the quiet period refuses the volume; then it comes late
+        # (whether a part goes up first depends on the direction guessed from the slices
+        # first done, which a busy machine reorders: with the lower half first, the parts
+        # below the gap wait for it; so this case waits for the refused version instead)
         phases = [
-            (keys[:12] + keys[13:], parts_up),
-            ([], latest_of(count - 1)),
+            (keys[:12] + keys[13:], latest_of(count - 1)),
             ([keys[12]], latest_of(count)),
         ]
     await run_in_phases(settings, stack, names, phases)
 
     latest, array = await volume_of(stack, bucket, prefix)
-    assert any(seen_uploads.values())  # parts were up before the stream broke
+    if case != "missing":
+        assert any(seen_uploads.values())  # parts were up before the stream broke
     assert array.tobytes() == expected_volume(slices).tobytes()
     assert latest["npy"] == f"{prefix}{latest['version']}.npy"  # written whole
     if case == "duplicate":
