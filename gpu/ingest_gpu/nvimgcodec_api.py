@@ -9,22 +9,22 @@ the worker, where such threads are always busy, a batch of 256 x 256 tiles decod
 at a fifteenth of its rate alone
 (``python3 -m ingest.bench.diagnostics.decode_backends --gil-busy 2``).
 
-Here, as in ``ingest_gpu.driver``, two handles on the same library: ``_HOLD``
+Here, as in ``ingest_gpu.driver``, two handles on the same library: ``Library.hold``
 (``ctypes.PyDLL``) keeps the GIL for the calls that return at once (a codestream's
 header parsed, an image made, a result read, a handle destroyed: microseconds), and
-``_FREE`` (``ctypes.CDLL``) releases it for the two calls that take long (the
-batch's decode, and the wait for it). A batch then gives the GIL away twice, whatever
-its size.
+``Library.free`` (``ctypes.CDLL``) releases it for the calls that take long (the
+batch's decode and the wait for it; making the instance and a decoder). A batch then
+gives the GIL away twice, whatever its size.
 
 The structures below are the header's, field for field, for the version
 ``SUPPORTED`` names; the library reports its version (``nvimgcodecGetProperties``)
 and any other is refused at load (``NvImageCodecError``), so a layout that changed
 never reaches a call. Only what the decoder needs is declared.
 
-Output images follow the Python module's ``Decoder.decode`` (``python/decoder.cpp``,
-0.9), so that the values equal what its callers got: interleaved samples, the
-codestream's sample type (``allow_any_depth``), and the colour conversion of
-``ColorSpec.SRGB`` or ``ColorSpec.UNCHANGED`` (``output_info``).
+Output images follow the Python module's ``Decoder.decode`` (``python/decoder.cpp``
+in nvImageCodec's published source), so that the values equal what its callers got:
+interleaved samples, the codestream's sample type (``allow_any_depth``), and the
+colour conversion of ``ColorSpec.SRGB`` or ``ColorSpec.UNCHANGED`` (``output_info``).
 """
 
 from __future__ import annotations
@@ -284,6 +284,11 @@ _scratch = threading.local()  # a thread's ImageInfo that codestreams' headers a
 
 @functools.cache
 def library_path() -> str:
+    """Where the installed wheel's ``libnvimgcodec.so.0`` is (nothing is loaded).
+
+    Raises:
+        NvImageCodecError: nvImageCodec is not installed, or its library is missing.
+    """
     try:
         spec = importlib.util.find_spec("nvidia.nvimgcodec")
     except (ImportError, ValueError):
