@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import time
@@ -259,20 +260,12 @@ class _Stream:
         if parts is None:
             return False
         header = memoryview(npy_header(plan.shape, plan.dtype))
-        errors: list[IngestError] = []
 
         async def put(part: Part) -> None:
             body = self._body([self._waiting[sop] for sop in part.slices])
-            try:
-                await self._put(part.number, [header, *body] if part.header else body)
-            except IngestError as exc:  # raised below, ungrouped
-                errors.append(exc)
+            await self._put(part.number, [header, *body] if part.header else body)
 
-        async with anyio.create_task_group() as group:
-            for part in parts:
-                group.start_soon(put, part)
-        if errors:
-            raise errors[0]
+        await _all([functools.partial(put, part) for part in parts])
         await self._settled()
         if not {p.number for p in self.layout.parts} <= set(self._upload.numbers):
             self.layout.stop(self.layout.stopped or "a part was not uploaded")

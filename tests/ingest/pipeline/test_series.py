@@ -226,6 +226,37 @@ async def _one_volume_and_nothing_lost(
     )
 
 
+async def _series_sent_shuffled(
+    stack: Stack, seed: int, order: int
+) -> tuple[harness.Names, list[tuple[str, bytes]]]:
+    """Fresh names, a 12-slice series of 64 x 64 uploaded, and its notifications published
+    in a shuffled order; the names and the slices in their own order."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(12, 64, 64, seed=seed)
+    shuffled = slices[:]
+    random.Random(order).shuffle(shuffled)
+    await harness.upload(stack, names.source_bucket, shuffled)
+    await publish(stack, names, [k for k, _ in shuffled])
+    return names, slices
+
+
+async def _processed(worker: WorkerProcess, count: int) -> None:
+    """Until the worker process has logged ``count`` objects processed."""
+    with anyio.fail_after(60):
+        while worker.counts["processed"] < count:
+            worker.poll_log()
+            await anyio.sleep(0.02)
+
+
+async def _volume_written(stack: Stack, bucket: str, prefix: str, worker: WorkerProcess) -> None:
+    """Until the series' ``latest.json`` is there, the worker process alive meanwhile."""
+    with anyio.fail_after(60):
+        while await get_json(stack, bucket, prefix + "latest.json") is None:
+            assert worker.alive(), worker.log_tail()
+            await anyio.sleep(0.1)
+
+
 @pytest.mark.parametrize(
     "slices_mode",
     ["write", pytest.param("hold", marks=pytest.mark.slow)],  # hold: the SIGTERM test below
@@ -237,13 +268,7 @@ async def test_a_sigkill_mid_series_loses_nothing(
     the next worker redoes what was not committed and the series' last slice writes the
     whole volume, once. Held slices (``hold``) die with the first worker, their offsets
     uncommitted: the second has them again."""
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
-    slices = synthetic_ct_series(12, 64, 64, seed=31)
-    shuffled = slices[:]
-    random.Random(7).shuffle(shuffled)
-    await harness.upload(stack, names.source_bucket, shuffled)
-    await publish(stack, names, [k for k, _ in shuffled])
+    names, slices = await _series_sent_shuffled(stack, seed=31, order=7)
     env = worker_environment(
         stack,
         names,
@@ -256,10 +281,7 @@ async def test_a_sigkill_mid_series_loses_nothing(
 
     with no_orphans():
         first = WorkerProcess(env, tmp_path / "first.log").start()
-        with anyio.fail_after(60):
-            while first.counts["processed"] < 4:
-                first.poll_log()
-                await anyio.sleep(0.02)
+        await _processed(first, 4)
         first.kill()  # SIGKILL: no drain, no final commit, no LeaveGroup
         assert first.counts["processed"] < len(slices)  # mid-series
         if slices_mode == "hold":  # nothing durable of the held slices: nothing committed
@@ -269,10 +291,7 @@ async def test_a_sigkill_mid_series_loses_nothing(
             assert held  # member records, saying held, and no slice's values anywhere
             assert not [k for k in keys if k.endswith(".npy")]
         second = WorkerProcess(env, tmp_path / "second.log").start()
-        with anyio.fail_after(60):
-            while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:
-                assert second.alive(), second.log_tail()
-                await anyio.sleep(0.1)
+        await _volume_written(stack, names.output_bucket, prefix, second)
         second.signal(signal.SIGTERM)
         assert await second.wait(30) == 0
 
@@ -286,13 +305,7 @@ async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: P
     slices. It exits 0 well within its shutdown deadline, its held slices written as
     outputs of their own and their offsets committed (nothing it finished is redone);
     a second worker processes the rest and writes the whole volume, once."""
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
-    slices = synthetic_ct_series(12, 64, 64, seed=33)
-    shuffled = slices[:]
-    random.Random(3).shuffle(shuffled)
-    await harness.upload(stack, names.source_bucket, shuffled)
-    await publish(stack, names, [k for k, _ in shuffled])
+    names, slices = await _series_sent_shuffled(stack, seed=33, order=3)
     deadline_s = 10.0
     env = worker_environment(
         stack,
@@ -307,10 +320,7 @@ async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: P
 
     with no_orphans():
         first = WorkerProcess(env, tmp_path / "first.log").start()
-        with anyio.fail_after(60):
-            while first.counts["processed"] < 4:
-                first.poll_log()
-                await anyio.sleep(0.02)
+        await _processed(first, 4)
         first.signal(signal.SIGTERM)
         stopping = anyio.current_time()
         assert await first.wait(deadline_s + 10) == 0, first.log_tail()
@@ -326,10 +336,7 @@ async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: P
         # committed, and not in a volume yet: the series' pending marker says so
         assert await get_json(stack, names.output_bucket, pending_key(prefix)) is not None
         second = WorkerProcess(env, tmp_path / "second.log").start()
-        with anyio.fail_after(60):
-            while await get_json(stack, names.output_bucket, prefix + "latest.json") is None:
-                assert second.alive(), second.log_tail()
-                await anyio.sleep(0.1)
+        await _volume_written(stack, names.output_bucket, prefix, second)
         second.signal(signal.SIGTERM)
         assert await second.wait(deadline_s + 10) == 0, second.log_tail()
         assert second.counts["processed"] == len(slices) - done  # none redone
