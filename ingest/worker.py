@@ -29,6 +29,7 @@ leaves the group; clients close.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -224,6 +225,11 @@ class Worker:
                 services.start_soon(probe, self.health, self._check_broker, self._check_s3)
                 if self.series is not None:  # series whose quiet period ended, pending ones
                     await services.start(self.series.run)
+                # What start-up made (modules, clients, S3's service models) lives as long as
+                # the worker: frozen, the collector's full passes no longer walk it (a pass
+                # over it stopped every thread for 0.1-0.3 s).
+                gc.freeze()
+                stack.callback(gc.unfreeze)
                 log.info(
                     "worker started",
                     backend=stage.backend,

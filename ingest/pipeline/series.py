@@ -176,8 +176,9 @@ class _KeepingWriter:
         try:
             if self._inner is not None:
                 await self._inner.__aexit__(exc_type, exc, tb)
-            if exc is None:
-                values = np.concatenate([p.reshape(-1) for p in self._pieces])
+            if exc is None:  # one piece (a slice's values) is kept as it is: no copy
+                pieces = [p.reshape(-1) for p in self._pieces]
+                values = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
                 if values.size != int(np.prod(self._shape)):
                     raise _BadRecord(f"output has {values.size} values, not {self._shape}")
                 self._assembler._loose[self._key] = _Kept(
@@ -190,6 +191,8 @@ class _KeepingWriter:
         return None
 
     async def write(self, values: np.ndarray | None) -> None:
+        """Keep (and with ``inner``, write) ``values``; as for any writer, the caller does not
+        change them afterwards."""
         if values is None:
             raise _BadRecord("no host values to keep (the device kept them)")
         if self._inner is not None:
@@ -215,6 +218,8 @@ class _Stream:
         self._uploads = 0  # part uploads under way
         self._idle = anyio.Event()
         self._idle.set()
+        # the volume ``finish`` uploaded the head and tail of, and its answer
+        self._finished: tuple[tuple[tuple[str, ...], tuple[int, ...], str], bool] | None = None
 
     def take(self, member: Member, kept: _Kept) -> list[tuple[Part, list[tuple[str, _Kept]]]]:
         """Place one slice; the parts it completes, with their slices, to ``upload``."""
@@ -235,10 +240,13 @@ class _Stream:
         self._uploads += 1
         if self._uploads == 1:
             self._idle = anyio.Event()
-        try:
-            for part, slices in parts:
-                await self._put(part.number, self._body([k for _, k in slices]))
-                done += slices
+
+        async def one(part: Part, slices: list[tuple[str, _Kept]]) -> None:
+            await self._put(part.number, self._body([k for _, k in slices]))
+            done.extend(slices)
+
+        try:  # at once: a slice that ends a gap completes several parts
+            await _all([functools.partial(one, part, slices) for part, slices in parts])
         except IngestError as exc:
             self.layout.stop(f"a part could not be uploaded: {exc}")
         finally:
@@ -247,19 +255,39 @@ class _Stream:
                 self._idle.set()
         return done
 
-    async def finish(self, plan: VolumePlan) -> bool:
-        """Upload the head (with the header) and the tail, when ``plan`` is the volume
-        streamed, and wait for the parts still going up; False when it is not, or a part
-        failed (``layout.stopped`` says why): the volume is then written whole.
+    def expected(self) -> tuple[tuple[str, ...], tuple[int, ...], str]:
+        """The volume of the slices streamed, as a plan of them all would make it: its slices
+        in order, shape and type (``finish`` before the plan is known, when the data says
+        the series is complete)."""
+        order = self.layout.order
+        return order, (len(order), *self.layout.slice_shape), self._dtype.str
+
+    async def finish(self, order: Sequence[str], shape: tuple[int, ...], dtype: str) -> bool:
+        """Upload the head (with the header) and the tail, when the volume of the slices
+        ``order``, ``shape`` and ``dtype`` is the one streamed, and wait for the parts still
+        going up; False when it is not, or a part failed (``layout.stopped`` says why): the
+        volume is then written whole. Once finished, a call for the same volume returns
+        the same answer; a call for another stops the stream.
 
         Raises:
             SinkError: the head or the tail could not be uploaded.
         """
-        order = [m.sop_instance_uid for m in plan.members]
-        parts = self.layout.finish(order, plan.shape, plan.dtype)
+        wanted = (tuple(order), tuple(shape), np.dtype(dtype).str)
+        if self._finished is not None:
+            volume, answer = self._finished
+            if volume != wanted:
+                self.layout.stop("the volume's slices are not those streamed, in their order")
+                return False
+            return answer and self.layout.stopped is None
+        answer = await self._finish(*wanted)
+        self._finished = wanted, answer
+        return answer
+
+    async def _finish(self, order: Sequence[str], shape: tuple[int, ...], dtype: str) -> bool:
+        parts = self.layout.finish(order, shape, dtype)
         if parts is None:
             return False
-        header = memoryview(npy_header(plan.shape, plan.dtype))
+        header = memoryview(npy_header(shape, dtype))
 
         async def put(part: Part) -> None:
             body = self._body([self._waiting[sop] for sop in part.slices])
@@ -327,7 +355,9 @@ class SeriesAssembler:
         self._markers: dict[SeriesId, _Marker] = {}  # the pending markers' PUTs, by series
         self._marker_lock = anyio.Lock()  # a marker is not deleted while an add decides on it
         self._manifests: dict[SeriesId, tuple[frozenset[str] | None, float]] = {}
+        self._manifest_reads: dict[SeriesId, anyio.Lock] = {}
         self._due: dict[SeriesId, float] = {}  # when a series' quiet period ends
+        self._forgetting: dict[SeriesId, list[str]] = {}  # written: ``_forget`` them
         self._wake = anyio.Event()
         self._lock = anyio.Lock()  # one assembly at a time
         # slices' values in memory: taken from the sink's writer (loose) until the slice's
@@ -525,6 +555,7 @@ class SeriesAssembler:
             task_status.started()
             try:
                 while True:
+                    await self._forget_written()
                     now = time.monotonic()
                     for series in [s for s, t in self._due.items() if t <= now]:
                         del self._due[series]
@@ -541,6 +572,8 @@ class SeriesAssembler:
                 streams, self._streams = list(self._streams.values()), {}
                 for stream in streams:
                     await self._abandon(stream, "the worker stopped")
+                with anyio.move_on_after(self._settings.read_timeout_s, shield=True):
+                    await self._forget_written()
 
     async def assemble(self, series: SeriesId, *, quiet: bool) -> VolumePlan | None:
         """Plan the series from its member records and write the volume (once a version).
@@ -556,15 +589,34 @@ class SeriesAssembler:
         """
         async with self._lock:
             prefix = self.volume_prefix(series)
-            keys = await self._sink.keys(f"{prefix}members/")
-            members = await self._read_members(series, keys)
-            manifest = await self._manifest(series, refresh_after=0.0 if quiet else None)
-            plan = plan_volume(series, members, manifest=manifest)
-            if not quiet and (not plan.complete_by_data or plan.refused):
-                return None
-            stream = self._streams.pop(series, None)  # settled here: completed or aborted
+            planned: list[tuple[list[str], VolumePlan]] = []
+
+            async def plan() -> None:
+                keys = await self._sink.keys(f"{prefix}members/")
+                members = await self._read_members(series, keys)
+                manifest = await self._manifest(series, refresh_after=0.0 if quiet else None)
+                planned.append((keys, plan_volume(series, members, manifest=manifest)))
+
+            # When the data says the series is complete, the head and the tail of the volume
+            # streamed go up while its members are listed and planned: the plan is that
+            # volume but for a slice recorded by another worker, or one late or refused.
+            stream = None if quiet else self._streams.pop(series, None)
             try:
-                return await self._write_plan(plan, keys, quiet, stream)
+                if stream is None:
+                    await plan()
+                else:
+                    streamed = stream
+
+                    async def head_and_tail() -> None:
+                        await streamed.finish(*streamed.expected())
+
+                    await _all([plan, head_and_tail])
+                keys, found = planned[0]
+                if not quiet and (not found.complete_by_data or found.refused):
+                    return None
+                if stream is None:
+                    stream = self._streams.pop(series, None)  # settled here: completed or aborted
+                return await self._write_plan(found, keys, quiet, stream)
             finally:
                 if stream is not None and not stream.completed:
                     await self._abandon(stream, "the volume was not written from it")
@@ -606,7 +658,9 @@ class SeriesAssembler:
 
         async def finish() -> None:
             nonlocal streamed
-            streamed = stream is not None and await stream.finish(plan)
+            streamed = stream is not None and await stream.finish(
+                [m.sop_instance_uid for m in plan.members], plan.shape, plan.dtype
+            )
 
         await _all([look, finish] if stream is not None and not plan.refused else [look])
         if stream is not None and written:
@@ -654,8 +708,9 @@ class SeriesAssembler:
         await self._spill_series(series, lambda _: True)
         for sop in [s for s, k in kept.items() if k.written]:  # read back if needed again
             self._drop(kept.pop(sop))
-        if quiet or plan.complete_by_data:
-            await self._forget(series, keys)
+        if quiet or plan.complete_by_data:  # by ``run``, after the slice that completed it
+            self._forgetting[series] = keys
+            self._wake.set()
         return plan
 
     def _feed(self, series: SeriesId, member: Member, kept: _Kept | None, *, start: bool) -> None:
@@ -726,6 +781,18 @@ class SeriesAssembler:
         nifti = formats in ("nifti", "both") and _nifti_able(shape, dtype)
         return formats in ("npy", "both") or not nifti, nifti
 
+    async def _forget_written(self) -> None:
+        """``_forget`` the series written since the last call. A marker that stays (an error,
+        or a stop before this) only makes its series due again after the quiet period,
+        which finds its version written."""
+        while self._forgetting:
+            series, keys = self._forgetting.popitem()
+            try:
+                async with self._lock:
+                    await self._forget(series, keys)
+            except IngestError as exc:
+                log.warning("series marker not removed", error=str(exc), reason=exc.reason)
+
     async def _forget(self, series: SeriesId, keys: list[str]) -> None:
         """Done with ``series``, unless a member came since its members were ``keys``:
         its pending marker goes, and what this process knew of it."""
@@ -739,6 +806,7 @@ class SeriesAssembler:
             self._members.pop(series, None)
             self._ours.pop(series, None)
             self._manifests.pop(series, None)
+            self._manifest_reads.pop(series, None)
             self._due.pop(series, None)
             for left in self._kept.pop(series, {}).values():
                 self._drop(left)
@@ -790,19 +858,31 @@ class SeriesAssembler:
             SinkError: the read failed for good, or the manifest is not one.
         """
         now = time.monotonic()
-        known = self._manifests.get(series)
-        if known is not None and (
-            known[0] is not None or refresh_after is None or now - known[1] < refresh_after
-        ):
-            return known[0]
-        data = await self._sink.get(f"{self._manifest_root}{series.series}.json")
-        manifest = None
-        if data is not None:
-            try:
-                manifest = manifest_of(json.loads(data))
-            except ValueError as exc:  # json.JSONDecodeError is one
-                raise _BadRecord(f"the manifest of a series is unreadable: {exc}") from exc
-        self._manifests[series] = (manifest, now)
+
+        def known() -> tuple[bool, frozenset[str] | None]:
+            found = self._manifests.get(series)
+            if found is not None and (
+                found[0] is not None or refresh_after is None or now - found[1] < refresh_after
+            ):
+                return True, found[0]
+            return False, None
+
+        done, manifest = known()
+        if done:
+            return manifest
+        # one read at a time: the slices that come meanwhile take its answer
+        async with self._manifest_reads.setdefault(series, anyio.Lock()):
+            done, manifest = known()
+            if done:
+                return manifest
+            began = time.monotonic()
+            data = await self._sink.get(f"{self._manifest_root}{series.series}.json")
+            if data is not None:
+                try:
+                    manifest = manifest_of(json.loads(data))
+                except ValueError as exc:  # json.JSONDecodeError is one
+                    raise _BadRecord(f"the manifest of a series is unreadable: {exc}") from exc
+            self._manifests[series] = (manifest, began)
         return manifest
 
     async def _in_volumes(

@@ -109,6 +109,16 @@ class VolumeStream:
     def slices(self) -> int:
         return len(self._sops)
 
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The slices taken, along the normal: a volume of them all has them in this order."""
+        return tuple(self._sops)
+
+    @property
+    def slice_shape(self) -> tuple[int, ...]:
+        """One slice's shape in the volume (the first slice's, without its frame axis)."""
+        return tuple(self._first.shape[1:])
+
     def stop(self, why: str) -> None:
         """Stream no more: the volume is written whole (the first reason is kept)."""
         if self.stopped is None:

@@ -14,6 +14,7 @@ import io
 import json
 import random
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -494,7 +495,9 @@ async def test_the_requests_a_slice_pays(
 ) -> None:
     """Each slice PUTs its member record; only a slice committed before its series'
     volume (``write``) needs the pending marker, and slices that meet share one PUT
-    of it; a held slice's offset waits for the volume, so ``hold`` writes no marker."""
+    of it; a held slice's offset waits for the volume, so ``hold`` writes no marker.
+    The series' manifest is looked for once, however many slices come together, and
+    again at most once a second."""
     counts = count_requests(monkeypatch)
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
@@ -506,11 +509,14 @@ async def test_the_requests_a_slice_pays(
         stack, names, series="volume", series_slices=slices_mode, series_quiet_s="600"
     )
 
+    started = time.monotonic()
     await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+    seconds = time.monotonic() - started
 
     _, array = await volume_of(stack, names.output_bucket, prefix)
     assert array.tobytes() == expected_volume(slices).tobytes()
     assert counts["PUT member"] == len(slices)
+    assert 1 <= counts["GET manifest"] <= 1 + int(seconds)
     if slices_mode == "hold":
         assert counts["PUT marker"] == 0
         assert counts["PUT slice"] == len(slices)  # sidecars: no slice's .npy
