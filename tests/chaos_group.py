@@ -354,7 +354,7 @@ async def run_group_chaos(
             for index in range(batches):
                 await progress.publish(messages[index * size : (index + 1) * size])
                 for event in events[index * per : (index + 1) * per]:
-                    await _wait_for_progress(group, config)
+                    await _wait_for_progress(group, progress, config)
                     done = await _do(group, event, rng)
                     report.events[event] += 1
                     report.event_log.append(f"{time.monotonic() - started:7.1f} s {done}")
@@ -380,13 +380,23 @@ async def run_group_chaos(
     return report
 
 
-async def _wait_for_progress(group: Group, config: GroupChaosConfig) -> None:
-    """Let the group finish a few more objects, so events land on work in flight."""
+async def _wait_for_progress(
+    group: Group, progress: GroupProgress, config: GroupChaosConfig
+) -> None:
+    """Let the group finish a few more objects, so events land on work in flight; not
+    past the point where every record published so far is committed (there is no more
+    work to wait for until the next batch: the event comes at once)."""
     target = group.finished() + config.progress_between_events
     deadline = time.monotonic() + config.event_timeout_s
+    looked = time.monotonic()
     # following a log file another process writes: there is no event to wait on
-    while group.finished() < target and time.monotonic() < deadline:  # noqa: ASYNC110
+    while group.finished() < target and time.monotonic() < deadline:
         await anyio.sleep(0.05)
+        if time.monotonic() - looked >= 0.5:
+            looked = time.monotonic()
+            with contextlib.suppress(Exception):  # the broker may be restarting
+                if not await progress.backlog():
+                    return
 
 
 async def _do(group: Group, event: str, rng: random.Random) -> str:
