@@ -14,8 +14,8 @@ order), the S3 sink on. The series says it is complete (Images in Acquisition),
 so with ``volume`` its last slice completes the volume (most of it uploaded as
 its slices came) before its own outcome: the time from the notifications to the
 last outcome covers the assembly. It prints each pass's seconds and the worker's
-CPU a slice, the median ratio ``volume / off`` (the goal: at most 1.05), and the
-JSON of the figures on the last line.
+CPU a slice, the median ratio ``volume / off`` (the goal: at most 1.05) and that of
+the worker's CPU, and the JSON of the figures on the last line.
 """
 
 from __future__ import annotations
@@ -124,6 +124,8 @@ async def main(args: argparse.Namespace) -> None:
         ratios = [v / o for v, o in zip(times["volume"], times["off"], strict=True)]
         ratio = statistics.median(ratios)
         print(f"median volume / off: {ratio:.3f} (goal <= 1.05)")
+        cpu_ratios = [v / o for v, o in zip(cpus["volume"], cpus["off"], strict=True)]
+        print(f"median CPU volume / off: {statistics.median(cpu_ratios):.3f}")
         print(json.dumps({"slices": args.slices, "seconds": times, "cpu_s": cpus, "ratio": ratio}))
 
 
