@@ -796,12 +796,20 @@ class SeriesAssembler:
     async def _forget(self, series: SeriesId, keys: list[str]) -> None:
         """Done with ``series``, unless a member came since its members were ``keys``:
         its pending marker goes, and what this process knew of it."""
+        members = f"{self.volume_prefix(series)}members/"
         async with self._marker_lock:
             if series in self._adding:
                 return
-            if await self._sink.keys(f"{self.volume_prefix(series)}members/") != keys:
+            if await self._sink.keys(members) != keys:
                 return  # one came meanwhile: its marker stays
             await self._sink.delete(self._pending(series))
+            # Another worker's member record that landed after the listing above, its
+            # marker's PUT before the delete, is listed now: the marker goes back. One that
+            # lands after this listing is followed by its own marker's PUT (``_record``),
+            # which lands after the delete.
+            if await self._sink.keys(members) != keys:
+                await self._sink.put_json(self._pending(series), _series_json(series))
+                return
             self._markers.pop(series, None)  # no add is marking it: none is adding
             self._members.pop(series, None)
             self._ours.pop(series, None)
@@ -812,21 +820,16 @@ class SeriesAssembler:
                 self._drop(left)
 
     async def _record(self, series: SeriesId, key: str, member: Member, *, mark: bool) -> None:
-        """PUT a member record and, with ``mark``, make sure of the series' pending marker,
-        at once.
+        """PUT a member record and then, with ``mark``, make sure of the series' pending
+        marker: a marker PUT that lands is never older than the record it covers, which
+        another worker's ``_forget`` relies on.
 
         Raises:
             SinkError: one of them could not be written.
         """
-        if not mark:
-            await self._sink.put_json(key, member.as_json())
-            return
-        await _all(
-            [
-                lambda: self._sink.put_json(key, member.as_json()),
-                lambda: self._mark(series),
-            ]
-        )
+        await self._sink.put_json(key, member.as_json())
+        if mark:
+            await self._mark(series)
 
     async def _mark(self, series: SeriesId) -> None:
         """PUT the series' pending marker; return once a PUT of it that began after this

@@ -529,6 +529,45 @@ async def test_the_requests_a_slice_pays(
     )
 
 
+async def test_a_member_recorded_while_the_marker_goes_keeps_the_marker(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker's slice of a series whose volume this worker has just written: its
+    member record lands after this worker listed the members for the last time, and its
+    pending marker's PUT just before this worker deletes the marker. The marker is put
+    back, so the series is not left with a member no worker will assemble (the next
+    start takes the marker up)."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    slices = synthetic_ct_series(3, 16, 16, seed=63)
+    await harness.upload(stack, names.source_bucket, slices)
+    await publish(stack, names, [k for k, _ in slices])
+    prefix = series_prefix(slices[0][1])
+    marker = pending_key(prefix)
+    delete = OutputSink.delete
+    raced: list[str] = []
+
+    async def racing_delete(self: OutputSink, key: str) -> None:
+        if key == marker and not raced:  # the other worker's record, then its marker
+            first = (await self.keys(f"{prefix}members/"))[0]
+            record = json.loads(await self.get(first) or b"{}")
+            record["sop_instance_uid"] = "1.2.3.4.5.6.7.8.9"
+            record["position"] = [record["position"][0], record["position"][1], 1000.0]
+            raced.append(f"{prefix}members/{record['sop_instance_uid']}.json")
+            await self.put_json(raced[0], record)
+            await self.put_json(marker, {"raced": True})
+        await delete(self, key)
+
+    monkeypatch.setattr(OutputSink, "delete", racing_delete)
+    settings = harness.make_settings(stack, names, series="volume", series_quiet_s="600")
+
+    await run_until(settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"])
+
+    assert raced, "the marker was never deleted"
+    assert await get_json(stack, names.output_bucket, raced[0]) is not None
+    assert await get_json(stack, names.output_bucket, marker) is not None
+
+
 @pytest.mark.parametrize("slices_mode", ["write", "hold"])
 async def test_a_memory_budget_smaller_than_the_series(stack: Stack, slices_mode: str) -> None:
     """Three slices' worth of ``SERIES_MEMORY`` for a series of ten: the rest are written
