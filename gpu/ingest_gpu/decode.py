@@ -140,7 +140,6 @@ class NvDecoder:
 
     def __init__(self, device_index: int, stats: dict[str, int | float]) -> None:
         self._lib = api.library()
-        # fancy upsampling: 4:2:2 chroma interpolated as libjpeg does it (pydicom's decoders)
         self._device_index = device_index
         self._decoder = api.Decoder(device_index, options=OPTIONS, backends=BACKENDS)
         self._fallback: api.Decoder | None = None  # made at the first frame it is needed for

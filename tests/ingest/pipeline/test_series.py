@@ -227,19 +227,19 @@ async def _one_volume_and_nothing_lost(
     )
 
 
-async def _series_sent_shuffled(
-    stack: Stack, seed: int, order: int
-) -> tuple[harness.Names, list[tuple[str, bytes]]]:
-    """Fresh names, a 12-slice series of 64 x 64 uploaded, and its notifications published
-    in a shuffled order; the names and the slices in their own order."""
+async def _series_sent(
+    stack: Stack, slices: Sequence[tuple[str, bytes]], shuffle: int | None = None
+) -> harness.Names:
+    """Fresh names, ``slices`` uploaded and their notifications published: in their own
+    order, or shuffled by ``random.Random(shuffle)``."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
-    slices = synthetic_ct_series(12, 64, 64, seed=seed)
-    shuffled = slices[:]
-    random.Random(order).shuffle(shuffled)
-    await harness.upload(stack, names.source_bucket, shuffled)
-    await publish(stack, names, [k for k, _ in shuffled])
-    return names, slices
+    arrivals = list(slices)
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(arrivals)
+    await harness.upload(stack, names.source_bucket, arrivals)
+    await publish(stack, names, [k for k, _ in arrivals])
+    return names
 
 
 async def _processed(worker: WorkerProcess, count: int) -> None:
@@ -269,7 +269,8 @@ async def test_a_sigkill_mid_series_loses_nothing(
     the next worker redoes what was not committed and the series' last slice writes the
     whole volume, once. Held slices (``hold``) die with the first worker, their offsets
     uncommitted: the second has them again."""
-    names, slices = await _series_sent_shuffled(stack, seed=31, order=7)
+    slices = synthetic_ct_series(12, 64, 64, seed=31)
+    names = await _series_sent(stack, slices, shuffle=7)
     env = worker_environment(
         stack,
         names,
@@ -306,7 +307,8 @@ async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: P
     slices. It exits 0 well within its shutdown deadline, its held slices written as
     outputs of their own and their offsets committed (nothing it finished is redone);
     a second worker processes the rest and writes the whole volume, once."""
-    names, slices = await _series_sent_shuffled(stack, seed=33, order=3)
+    slices = synthetic_ct_series(12, 64, 64, seed=33)
+    names = await _series_sent(stack, slices, shuffle=3)
     deadline_s = 10.0
     env = worker_environment(
         stack,
@@ -350,13 +352,8 @@ async def test_a_sigterm_mid_series_spills_held_slices(stack: Stack, tmp_path: P
 async def test_number_of_slices_completes_a_pet_series(stack: Stack) -> None:
     """PET slices name no Images in Acquisition but Number of Slices: with a quiet period
     longer than the test, the last of them to arrive writes the volume."""
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
     slices = synthetic_pet_series(6, 16, 16, seed=81)
-    shuffled = slices[:]
-    random.Random(9).shuffle(shuffled)
-    await harness.upload(stack, names.source_bucket, shuffled)
-    await publish(stack, names, [k for k, _ in shuffled])
+    names = await _series_sent(stack, slices, shuffle=9)
     prefix = series_prefix(slices[0][1])
     settings = harness.make_settings(stack, names, series="volume", series_quiet_s="600")
 
@@ -412,13 +409,8 @@ async def test_held_slices_write_only_the_volume_and_its_nifti(
     """``SERIES_SLICES=hold``: no slice has a ``.npy`` of its own, the volume (and its
     ``.nii.gz``, which nibabel reads as the same voxels and affine) holds them, and
     every offset is committed once the volume is durable."""
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
     slices = synthetic_ct_series(9, 16, 16, seed=51)
-    shuffled = slices[:]
-    random.Random(8).shuffle(shuffled)
-    await harness.upload(stack, names.source_bucket, shuffled)
-    await publish(stack, names, [k for k, _ in shuffled])
+    names = await _series_sent(stack, slices, shuffle=8)
     prefix = series_prefix(slices[0][1])
     settings = harness.make_settings(
         stack,
@@ -499,11 +491,8 @@ async def test_the_requests_a_slice_pays(
     The series' manifest is looked for once, however many slices come together, and
     again at most once a second."""
     counts = count_requests(monkeypatch)
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
     slices = synthetic_ct_series(12, 64, 64, seed=57)
-    await harness.upload(stack, names.source_bucket, slices)
-    await publish(stack, names, [k for k, _ in slices])
+    names = await _series_sent(stack, slices)
     prefix = series_prefix(slices[0][1])
     settings = harness.make_settings(
         stack, names, series="volume", series_slices=slices_mode, series_quiet_s="600"
@@ -537,11 +526,8 @@ async def test_a_member_recorded_while_the_marker_goes_keeps_the_marker(
     pending marker's PUT just before this worker deletes the marker. The marker is put
     back, so the series is not left with a member no worker will assemble (the next
     start takes the marker up)."""
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
     slices = synthetic_ct_series(3, 16, 16, seed=63)
-    await harness.upload(stack, names.source_bucket, slices)
-    await publish(stack, names, [k for k, _ in slices])
+    names = await _series_sent(stack, slices)
     prefix = series_prefix(slices[0][1])
     marker = pending_key(prefix)
     delete = OutputSink.delete
@@ -572,11 +558,8 @@ async def test_a_member_recorded_while_the_marker_goes_keeps_the_marker(
 async def test_a_memory_budget_smaller_than_the_series(stack: Stack, slices_mode: str) -> None:
     """Three slices' worth of ``SERIES_MEMORY`` for a series of ten: the rest are written
     (and read back for the volume) as without it; the volume is the same."""
-    names = harness.make_names(uuid.uuid4().hex[:10])
-    harness.prepare(stack, names)
     slices = synthetic_ct_series(10, 16, 16, seed=61)
-    await harness.upload(stack, names.source_bucket, slices)
-    await publish(stack, names, [k for k, _ in slices])
+    names = await _series_sent(stack, slices)
     prefix = series_prefix(slices[0][1])
     settings = harness.make_settings(
         stack,
