@@ -43,6 +43,7 @@ _OPERATIONS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "PUT",
         {"UploadId": (_QUERY, "uploadId"), "PartNumber": (_QUERY, "partNumber")},
     ),
+    "delete_object": ("DELETE", {}),
 }
 _PROBE_VALUES: dict[str, object] = {
     "VersionId": "probe-version",

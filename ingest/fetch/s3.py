@@ -17,8 +17,8 @@ Transient failures (5xx, throttling, timeouts, resets, a body cut short) are
 retried by the policy of ``retry.py``. All foreign exceptions (botocore,
 aiohttp, ``http.client``, sockets) are translated into ``ingest.errors`` in
 one place, ``translate_s3_error``. The aiobotocore client stays for HEAD,
-for the presigner's one probe per bucket and for the output sink's control
-calls; botocore's own retries are off so our policy is the only one, and its
+for the presigner's one probe per bucket and for the output sink's multipart
+bookkeeping; botocore's own retries are off so our policy is the only one, and its
 connection pool is sized to the concurrency (botocore's default of 10
 silently caps parallel requests).
 """
@@ -51,7 +51,14 @@ from ingest.errors import (
 from ingest.fetch.http_answer import Answer, BodyCut, HttpStatusError
 from ingest.fetch.planning import ByteRange
 from ingest.fetch.presign import UrlSigner
-from ingest.fetch.threaded_http import ConnectionPool, Transfer, ca_bundle, get_into, put_from
+from ingest.fetch.threaded_http import (
+    ConnectionPool,
+    Transfer,
+    ca_bundle,
+    get_into,
+    put_from,
+    request_whole,
+)
 from ingest.retry import with_retries
 from ingest.settings import Settings
 
@@ -386,6 +393,24 @@ class S3Source:
         """
         return await self._in_thread(
             self._puts, lambda transfer: put_from(self._pool, url, headers, body, transfer)
+        )
+
+    async def request_whole(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        ok: tuple[int, ...],
+        then: Callable[[bytes], T],
+    ) -> T:
+        """One request without a body to a presigned URL (the sink's listings, reads of its
+        records, deletes), on the sink's threads; ``then(the answer's body)`` there too.
+
+        Not retried and not translated: the sink does both, as for its PUTs.
+        """
+        return await self._in_thread(
+            self._puts,
+            lambda transfer: then(request_whole(self._pool, method, url, headers, ok, transfer)),
         )
 
     @staticmethod

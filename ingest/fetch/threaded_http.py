@@ -1,13 +1,15 @@
 """S3 data requests on plain keep-alive connections, run in worker threads.
 
 Ranged GETs read into caller memory (``get_into``); PUTs send from it
-(``put_from``). Why the bytes do not go through aiobotocore: every body byte
-read or written through aiohttp passes the one event-loop thread, so one core
-bounds the rate, and is copied into or out of ``bytes``. Here a worker thread
-receives the body straight into the ring slot, or hands the output arrays' own
-memory to ``sendall``: the kernel does the only copy, the GIL is released
-meanwhile, and there is one thread per request in flight, so transfers use every
-core.
+(``put_from``); the sink's small requests (listings, member records, deletes)
+read their answer whole (``request_whole``).
+
+Why the bytes do not go through aiobotocore: every body byte read or written
+through aiohttp passes the one event-loop thread, so one core bounds the rate,
+and is copied into or out of ``bytes``. Here a worker thread receives the body
+straight into the ring slot, or hands the output arrays' own memory to
+``sendall``: the kernel does the only copy, the GIL is released meanwhile, and
+there is one thread per request in flight, so transfers use every core.
 
 A GET writes its request and reads its answer on the socket itself
 (``http_answer.py`` says why), the whole body in one ``recv(MSG_WAITALL)`` on
@@ -62,6 +64,7 @@ from ingest.fetch.http_answer import (
     ERROR_BODY_LIMIT,
     RECV_WAITALL,
     Answer,
+    BodyCut,
     HttpStatusError,
     NoAnswer,
     error_code,
@@ -305,6 +308,47 @@ def put_from(
             raise HttpStatusError(response.status, code, f"S3 answered {response.status} {code}")
         lease.reusable = response.isclosed()
         return (response.getheader("ETag") or "").strip()
+
+    return _exchange(pool, url, transfer, exchange)
+
+
+def request_whole(
+    pool: ConnectionPool,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    ok: tuple[int, ...],
+    transfer: Transfer | None = None,
+) -> bytes:
+    """A request without a body (the sink's listings, record reads and deletes) whose whole
+    answer body is read into ``bytes`` (blocking).
+
+    Raises:
+        HttpStatusError: a status not in ``ok``.
+        OSError, TimeoutError: connecting, sending or reading the answer failed
+            (``NoAnswer``: a new connection ended before answering).
+    """
+
+    def exchange(lease: _Lease) -> bytes:
+        conn = lease.conn
+        try:
+            conn.putrequest(method, lease.path, skip_accept_encoding=True)
+            for name, value in {**headers, **lease.extra}.items():
+                conn.putheader(name, value)
+            conn.endheaders()
+            response = conn.getresponse()  # RemoteDisconnected: closed without a status line
+        except ConnectionError as exc:
+            raise NoAnswer(f"the connection ended before an answer: {exc}") from exc
+        if response.status not in ok:
+            code = error_code(response.read(ERROR_BODY_LIMIT))
+            raise HttpStatusError(response.status, code, f"S3 answered {response.status} {code}")
+        try:
+            body = response.read()
+        except http.client.IncompleteRead as exc:
+            expected = len(exc.partial) + (exc.expected or 0)
+            raise BodyCut(len(exc.partial), expected, "the connection ended") from exc
+        lease.reusable = response.isclosed()
+        return body
 
     return _exchange(pool, url, transfer, exchange)
 

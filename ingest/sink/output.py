@@ -32,6 +32,7 @@ from ingest.errors import ObjectNotFound, SinkError
 from ingest.fetch.s3 import S3Source, translate_s3_error
 from ingest.retry import with_retries
 from ingest.settings import Settings
+from ingest.sink.listing import Page, parse_listing
 from ingest.sink.ngff import Origin, zarr_plan, zarr_root
 from ingest.sink.zarr_writer import ZarrWriter
 from ingest_gpu.formats import OutDtype
@@ -339,7 +340,8 @@ class DiscardWriter:
 
 class OutputSink:
     """Writes outputs to the output bucket: data PUTs through ``S3Source.put_from``
-    (threads, presigned, bodies never joined); the multipart bookkeeping through
+    (threads, presigned, bodies never joined), reads, listings and deletes through
+    ``S3Source.request_whole`` (the same threads); the multipart bookkeeping through
     the aiobotocore client."""
 
     def __init__(self, source: S3Source, settings: Settings) -> None:
@@ -396,17 +398,12 @@ class OutputSink:
         Raises:
             SinkError: the read failed for good.
         """
+        url = await self._presign("get_object", Key=key)
         ranged = {"Range": f"bytes={start}-{start + length - 1}"} if length is not None else {}
 
         async def call() -> bytes | None:
             try:
-                with anyio.fail_after(self.settings.read_timeout_s):
-                    answer = await self._client.get_object(
-                        Bucket=self.settings.output_bucket, Key=key, **ranged
-                    )
-                    async with answer["Body"] as body:
-                        data: bytes = await body.read()
-                return data
+                return await self._source.request_whole("GET", url, ranged, (200, 206), bytes)
             except Exception as exc:
                 if isinstance(translate_s3_error(exc, "get_object"), ObjectNotFound):
                     return None
@@ -415,23 +412,32 @@ class OutputSink:
         return await with_retries(self.settings, call)
 
     async def keys(self, prefix: str) -> list[str]:
-        """The output bucket's keys under ``prefix``, in S3's (lexical) order.
+        """The output bucket's keys under ``prefix``, in S3's (lexical) order
+        (``ingest.sink.listing`` says why the answers are read there).
 
         Raises:
-            SinkError: the listing failed for good.
+            SinkError: the listing failed for good, or an answer was not a listing.
         """
         found: list[str] = []
         token: str | None = None
         while True:
-            extra = {"ContinuationToken": token} if token else {}
+            params = {"Prefix": prefix, "EncodingType": "url"}
+            if token:
+                params["ContinuationToken"] = token
+            url = await self._presign("list_objects_v2", **params)
 
-            async def call(extra: dict[str, str] = extra) -> Any:
-                return await self._call("list_objects_v2", Prefix=prefix, **extra)
+            async def call(url: str = url) -> Page:
+                try:
+                    return await self._source.request_whole("GET", url, {}, (200,), parse_listing)
+                except ValueError as exc:
+                    raise _PermanentSinkError(f"list_objects_v2: {exc}") from exc
+                except Exception as exc:
+                    raise self._translate(exc, "list_objects_v2") from exc
 
             page = await with_retries(self.settings, call)
-            found.extend(str(item["Key"]) for item in page.get("Contents", []))
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
+            found.extend(page.keys)
+            token = page.next_token
+            if token is None:
                 return found
 
     async def delete(self, key: str) -> None:
@@ -440,9 +446,13 @@ class OutputSink:
         Raises:
             SinkError: the delete failed for good.
         """
+        url = await self._presign("delete_object", Key=key)
 
         async def call() -> None:
-            await self._call("delete_object", Key=key)
+            try:
+                await self._source.request_whole("DELETE", url, {}, (200, 204), bytes)
+            except Exception as exc:
+                raise self._translate(exc, "delete_object") from exc
 
         await with_retries(self.settings, call)
 

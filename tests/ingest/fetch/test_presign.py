@@ -115,13 +115,14 @@ async def test_urls_match_the_clients_whole(
                 ("get_object", {"Bucket": bucket, "Key": KEYS[1], "VersionId": "v 1/+="}),
                 ("put_object", {"Bucket": bucket, "Key": KEYS[2], "ContentType": "text/json"}),
                 ("upload_part", {"Bucket": bucket, "Key": KEYS[0], **part}),
+                ("delete_object", {"Bucket": bucket, "Key": KEYS[3]}),
             ]
         for operation, params in requests:
             ours, theirs = await both(signer, client, operation, params)
             assert same(ours, theirs), (operation, params)
             assert "X-Amz-Signature=" in ours
-        # one probe per bucket, operation and parameter names: 2 buckets x 4 shapes
-        assert signer.by_client == 8
+        # one probe per bucket, operation and parameter names: 2 buckets x 5 shapes
+        assert signer.by_client == 10
 
 
 async def test_a_session_token_is_signed_in(
