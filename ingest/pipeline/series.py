@@ -81,7 +81,7 @@ from ingest.settings import Settings
 from ingest.sink.nifti import nifti_dtype, nifti_header
 from ingest.sink.output import (
     MAX_PARTS,
-    MIN_PART,
+    S3_MIN_PART,
     ArrayWriter,
     OutputSink,
     PartUpload,
@@ -209,7 +209,9 @@ class _Stream:
 
     def __init__(self, sink: OutputSink, key: str, first: Member) -> None:
         self.key = key  # without its suffix (``.npy``; a NIfTI beside it, ``.nii.gz``)
-        self.layout = VolumeStream(first, MIN_PART, MAX_PARTS)
+        # S3's smallest parts: the head goes up after the last slice with between one and
+        # two parts' worth of slices, so the smaller a part, the sooner the volume is done
+        self.layout = VolumeStream(first, S3_MIN_PART, MAX_PARTS)
         self.completed = False
         self._dtype = np.dtype(first.dtype)
         self._upload = PartUpload(sink, f"{key}.npy")

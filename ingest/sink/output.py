@@ -39,6 +39,7 @@ from ingest_gpu.formats import OutDtype
 from ingest_gpu.preprocess import narrowest_exact
 
 MIN_PART = 8 * 1024 * 1024
+S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest part but an upload's last
 MAX_PARTS = 10_000  # S3's limit per multipart upload
 _MIB = 1024 * 1024
 NPY_TYPE = "application/octet-stream"

@@ -660,7 +660,7 @@ async def test_a_bad_manifest_fails_the_volume_not_the_slices(stack: Stack) -> N
     assert array.tobytes() == expected_volume(slices).tobytes()
 
 
-# Streamed volumes: 512 x 512 float32 slices (1 MiB), eight a part of 8 MiB.
+# Streamed volumes: 512 x 512 float32 slices (1 MiB), five a part of 5 MiB.
 STREAMED_SLICES = 24
 
 
@@ -773,10 +773,12 @@ async def test_slices_in_order_stream_the_volume_as_they_come(
     [(key, numbers)] = before_last.items()  # one upload, its parts up before the last slice
     assert key == latest["npy"]
     assert key.startswith(prefix + "stream-")
-    # one part up before the last slice: numbered up from 2 or down from 9999 as the slices
+    # parts up before the last slice: numbered up from 2 or down from 9999 as the slices
     # first seen suggested (on a busy machine they finish far out of order, and either
     # guess places every part by its position, as the volume's bytes above show)
-    assert numbers in ([2], [9999])
+    # (three parts' worth of slices, at most, are there before the last one; a part may
+    # still be uploading when they are looked at)
+    assert numbers and (set(numbers) <= {2, 3, 4} or set(numbers) <= {9997, 9998, 9999})
     assert worker.series is not None
     assert worker.series.volumes_streamed == 1
     await _no_volume_but_the_versions(stack, bucket, prefix, latest)
