@@ -129,9 +129,15 @@ def set_log_hash_key(key: bytes | None) -> None:
 
 def key_hash(text: str) -> str:
     """A short stable stand-in for an object key (or path) in logs: 16 hex digits of its
-    HMAC-SHA-256 under the log hash key."""
+    HMAC-SHA-256 under the log hash key.
+
+    Through an ``hmac.new`` object, not the one-shot ``hmac.digest``, which lets go of
+    the GIL for every call: on the event loop, with the GET and device threads busy,
+    each call then waited for the GIL to come back (up to ``GIL_SWITCH_MS``) once or
+    more an object. An object's update keeps the GIL for a key's few bytes.
+    """
     data = text.encode("utf-8", "surrogatepass")
-    return hmac.digest(_hash_key, data, "sha256")[:8].hex()
+    return hmac.new(_hash_key, data, "sha256").digest()[:8].hex()
 
 
 _hash = key_hash
