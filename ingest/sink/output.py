@@ -16,6 +16,7 @@ writing the same object twice gives the same keys with the same bytes
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 from collections.abc import Callable, Mapping
@@ -25,13 +26,13 @@ from typing import Any, Protocol
 
 import anyio
 import numpy as np
-from anyio.abc import TaskGroup
 
 from ingest.dicom.header import DicomHeader
 from ingest.errors import ObjectNotFound, SinkError
 from ingest.fetch.s3 import S3Source, translate_s3_error
 from ingest.retry import with_retries
 from ingest.settings import Settings
+from ingest.sink.background import BackgroundPuts
 from ingest.sink.listing import Page, parse_listing
 from ingest.sink.ngff import Origin, zarr_plan, zarr_root
 from ingest.sink.zarr_writer import ZarrWriter
@@ -143,14 +144,11 @@ class ArrayWriter:
         self._upload = _Upload()
         self._part_size = output_part_size(self.total)
         self._multipart = self.total > 2 * self._part_size
-        self._limiter = anyio.Semaphore(sink.parts_in_flight)
-        self._group: TaskGroup | None = None
-        self._error: Exception | None = None  # first failed part, raised in the writer's task
+        self._puts = BackgroundPuts(sink.parts_in_flight)  # the parts: memory in flight
 
     async def __aenter__(self) -> ArrayWriter:
         if self._multipart:
-            self._group = anyio.create_task_group()
-            await self._group.__aenter__()
+            await self._puts.__aenter__()
         return self
 
     async def __aexit__(
@@ -159,19 +157,15 @@ class ArrayWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        if self._group is not None:
-            if exc is not None:
-                self._group.cancel_scope.cancel()
+        if self._multipart:
             try:
-                await self._group.__aexit__(exc_type, exc, tb)
-            except BaseException as error:
+                await self._puts.__aexit__(exc_type, exc, tb)
+            except BaseException:
                 await self._abort()
-                if exc is not None and isinstance(error, BaseExceptionGroup):
-                    return None  # the block's own error goes on as it is, not grouped
                 raise
         try:
             if exc is None:
-                self._raise_failed_part()
+                self._puts.raise_failed()
                 await self._finish()
         except BaseException:
             await self._abort()
@@ -189,7 +183,7 @@ class ArrayWriter:
         """
         if values is None:
             raise _PermanentSinkError("no host values to write (the device kept them)")
-        self._raise_failed_part()
+        self._puts.raise_failed()
         data = np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
         if self._written + len(data) > self.payload:
             raise _PermanentSinkError("more output values than the array's shape holds")
@@ -222,22 +216,11 @@ class ArrayWriter:
             self._upload.upload_id = await self._sink._create_upload(self._key)
         number = len(self._upload.parts) + 1
         self._upload.parts.append({"PartNumber": number})
-        await self._limiter.acquire()  # bounds parts (memory) in flight
-        assert self._group is not None
-        self._group.start_soon(self._put_part, number, body)
+        await self._puts.start(functools.partial(self._put_part, number, body))
 
     async def _put_part(self, number: int, body: list[memoryview]) -> None:
-        try:
-            etag = await self._sink._upload_part(self._key, self._upload.upload_id, number, body)
-            self._upload.parts[number - 1]["ETag"] = etag
-        except Exception as exc:  # raised by write()/finish in the owner's task, unwrapped
-            self._error = self._error or exc
-        finally:
-            self._limiter.release()
-
-    def _raise_failed_part(self) -> None:
-        if self._error is not None:
-            raise self._error
+        etag = await self._sink._upload_part(self._key, self._upload.upload_id, number, body)
+        self._upload.parts[number - 1]["ETag"] = etag
 
     async def _finish(self) -> None:
         if self._written != self.payload:

@@ -18,15 +18,16 @@ metadata; the object's next try writes the same keys with the same bytes.
 
 from __future__ import annotations
 
+import functools
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 import numpy.typing as npt
-from anyio.abc import TaskGroup
 
 from ingest.errors import SinkError
+from ingest.sink.background import BackgroundPuts
 from ingest.sink.ngff import CHUNK_TYPE, ZarrPlan
 
 if TYPE_CHECKING:
@@ -60,18 +61,14 @@ class ZarrWriter:
         self._frame_bytes = plan.chunk_bytes
         self._partial = bytearray()  # a frame split between two writes (native chunks)
         self._next = 0  # the next frame's index
-        self._limiter = anyio.Semaphore(
-            chunks_in_flight(sink.parts_in_flight, part, plan.chunk_bytes)
-        )
-        self._group: TaskGroup | None = None
-        self._error: Exception | None = None  # the first failed PUT, raised in the writer's task
+        # the chunks in flight: as many bytes as the ``.npy`` writer's parts
+        self._puts = BackgroundPuts(chunks_in_flight(sink.parts_in_flight, part, plan.chunk_bytes))
         self.chunks_written = 0
 
     async def __aenter__(self) -> ZarrWriter:
         for key in self.plan.metadata_keys_to_clear():
             await self._sink.delete(key)
-        self._group = anyio.create_task_group()
-        await self._group.__aenter__()
+        await self._puts.__aenter__()
         return self
 
     async def __aexit__(
@@ -80,17 +77,9 @@ class ZarrWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        assert self._group is not None
-        if exc is not None:
-            self._group.cancel_scope.cancel()
-        try:
-            await self._group.__aexit__(exc_type, exc, tb)
-        except BaseExceptionGroup:
-            if exc is not None:
-                return None  # the block's own error goes on as it is, not grouped
-            raise
+        await self._puts.__aexit__(exc_type, exc, tb)
         if exc is None:
-            self._raise_failed()
+            self._puts.raise_failed()
             await self._finish()
         return None
 
@@ -102,7 +91,7 @@ class ZarrWriter:
         """
         if values is None:
             raise _PermanentSinkError("no host values to write (the device kept them)")
-        self._raise_failed()
+        self._puts.raise_failed()
         array = np.ascontiguousarray(values)
         if array.dtype != np.dtype(self.plan.dtype):
             raise _PermanentSinkError(f"{array.dtype} values for a {self.plan.dtype} image")
@@ -144,34 +133,22 @@ class ZarrWriter:
         ]
 
     async def _start(self, key: str, body: memoryview) -> None:
-        await self._limiter.acquire()  # bounds the chunks (memory) in flight
-        assert self._group is not None
-        self._group.start_soon(self._put, key, body)
+        await self._puts.start(functools.partial(self._put, key, body))
 
     async def _put(self, key: str, body: memoryview) -> None:
-        try:
-            await self._sink.put(key, [body], CHUNK_TYPE)
-            self.chunks_written += 1
-        except Exception as exc:  # raised by write()/finish in the owner's task, unwrapped
-            self._error = self._error or exc
-        finally:
-            self._limiter.release()
-
-    def _raise_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
+        await self._sink.put(key, [body], CHUNK_TYPE)
+        self.chunks_written += 1
 
     async def _finish(self) -> None:
         """The empty cells of a sparse slide, then the metadata, ``.zattrs`` last."""
         if self._next != self.plan.frames or self._partial:
             raise _PermanentSinkError(f"{self._next} of the slide's {self.plan.frames} frames")
         fill = memoryview(self.plan.fill_chunk())
-        async with anyio.create_task_group() as group:
-            self._group = group
+        async with self._puts:
             for cell in self.plan.empty_cells():
-                self._raise_failed()
+                self._puts.raise_failed()
                 await self._start(self.plan.chunk_key(cell), fill)
-        self._raise_failed()
+        self._puts.raise_failed()
         for key, document in self.plan.metadata():
             await self._sink.put_json(key, document)
 

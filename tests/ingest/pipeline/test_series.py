@@ -778,7 +778,8 @@ async def test_slices_in_order_stream_the_volume_as_they_come(
     # guess places every part by its position, as the volume's bytes above show)
     # (three parts' worth of slices, at most, are there before the last one; a part may
     # still be uploading when they are looked at)
-    assert numbers and (set(numbers) <= {2, 3, 4} or set(numbers) <= {9997, 9998, 9999})
+    assert numbers
+    assert set(numbers) <= {2, 3, 4} or set(numbers) <= {9997, 9998, 9999}
     assert worker.series is not None
     assert worker.series.volumes_streamed == 1
     await _no_volume_but_the_versions(stack, bucket, prefix, latest)

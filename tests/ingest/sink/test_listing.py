@@ -57,7 +57,7 @@ def test_a_truncated_page_names_the_next() -> None:
 
 
 @pytest.mark.parametrize(
-    "body, why",
+    ("body", "why"),
     [
         (answer(["k"], truncated=True), "without a continuation token"),
         (b"<Error><Code>AccessDenied</Code></Error>", "not ListBucketResult"),

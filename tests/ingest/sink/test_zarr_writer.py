@@ -39,7 +39,8 @@ class _Sink:
         self.uploading += 1
         self.most = max(self.most, self.uploading)
         try:
-            await anyio.sleep(0.001 * (len(self.events) % 3))  # finish out of order
+            # out of order, and long enough that the writer reaches its bound meanwhile
+            await anyio.sleep(0.005 + 0.001 * (len(self.events) % 3))
             if key == self.fail_key:
                 raise SinkError("put_object: 403 (the twin refuses)")
             self.bodies[key] = b"".join(bytes(v) for v in body)
