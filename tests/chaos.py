@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import anyio
 import numpy as np
@@ -580,11 +580,34 @@ def _split(
     return batches + [[] for _ in range(parts - len(batches))]
 
 
-async def run_chaos(stack: Stack, config: ChaosConfig, workdir: Path) -> ChaosReport:
-    """Publish, SIGKILL and restart ``config.kills`` times, finish, SIGTERM, then check."""
-    started = time.monotonic()
+class CorpusConfig(Protocol):
+    """What a chaos run's corpus is made of (``ChaosConfig``, ``GroupChaosConfig``)."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def ct_slices(self) -> int: ...
+    @property
+    def multiframes(self) -> int: ...
+    @property
+    def not_dicom_objects(self) -> int: ...
+    @property
+    def truncated(self) -> int: ...
+    @property
+    def missing(self) -> int: ...
+    @property
+    def bad_notifications(self) -> int: ...
+    @property
+    def partitions(self) -> int: ...
+
+
+async def corpus_staged(
+    stack: Stack, config: CorpusConfig, run: str
+) -> tuple[harness.Names, Corpus, list[bytes], random.Random]:
+    """Fresh buckets and topics for a run named ``run``, ``config``'s corpus uploaded, and
+    its notifications in the order of ``config.seed``'s generator (returned to go on)."""
     rng = random.Random(config.seed)
-    names = harness.make_names(f"chaos{uuid.uuid4().hex[:8]}")
+    names = harness.make_names(f"{run}{uuid.uuid4().hex[:8]}")
     harness.prepare(stack, names, partitions=config.partitions)
     corpus = await anyio.to_thread.run_sync(
         lambda: make_corpus(
@@ -598,7 +621,13 @@ async def run_chaos(stack: Stack, config: ChaosConfig, workdir: Path) -> ChaosRe
         )
     )
     await upload_corpus(stack, names.source_bucket, corpus)
-    messages = make_messages(corpus, names.source_bucket, rng)
+    return names, corpus, make_messages(corpus, names.source_bucket, rng), rng
+
+
+async def run_chaos(stack: Stack, config: ChaosConfig, workdir: Path) -> ChaosReport:
+    """Publish, SIGKILL and restart ``config.kills`` times, finish, SIGTERM, then check."""
+    started = time.monotonic()
+    names, corpus, messages, rng = await corpus_staged(stack, config, "chaos")
     batches = _split(messages, config.kills + 1, config.first_batch_share, rng)
     report = ChaosReport(
         objects=len(corpus.objects),

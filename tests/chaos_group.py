@@ -26,7 +26,6 @@ import os
 import random
 import signal
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +41,7 @@ from tests.chaos import (
     GroupProgress,
     WorkerProcess,
     check_consistency,
-    make_corpus,
-    make_messages,
-    upload_corpus,
+    corpus_staged,
     worker_environment,
 )
 
@@ -307,22 +304,7 @@ async def run_group_chaos(
 ) -> GroupChaosReport:
     """Publish while the events of ``_plan`` happen; finish, SIGTERM, then check."""
     started = time.monotonic()
-    rng = random.Random(config.seed)
-    names = harness.make_names(f"group{uuid.uuid4().hex[:8]}")
-    harness.prepare(stack, names, partitions=config.partitions)
-    corpus = await anyio.to_thread.run_sync(
-        lambda: make_corpus(
-            config.seed,
-            ct_slices=config.ct_slices,
-            multiframes=config.multiframes,
-            not_dicom_objects=config.not_dicom_objects,
-            truncated=config.truncated,
-            missing=config.missing,
-            bad_notifications=config.bad_notifications,
-        )
-    )
-    await upload_corpus(stack, names.source_bucket, corpus)
-    messages = make_messages(corpus, names.source_bucket, rng)
+    names, corpus, messages, rng = await corpus_staged(stack, config, "group")
     events = _plan(config, rng)
     per = max(1, config.events_between_batches)
     batches = max(1, -(-len(events) // per))
