@@ -15,7 +15,12 @@ so with ``volume`` its last slice completes the volume (most of it uploaded as
 its slices came) before its own outcome: the time from the notifications to the
 last outcome covers the assembly. It prints each pass's seconds and the worker's
 CPU a slice, the median ratio ``volume / off`` (the goal: at most 1.05) and that of
-the worker's CPU, and the JSON of the figures on the last line.
+the worker's CPU, and the JSON of the figures on the last line. ``--only off`` or
+``--only volume`` runs that mode's passes alone, for a profiler::
+
+    py-spy record --nonblocking -r 200 -f raw -o volume.raw -- \
+        python3 -m ingest.bench.diagnostics.series_cost --device cuda --passes 2 \
+        --set series_slices=hold --only volume
 """
 
 from __future__ import annotations
@@ -105,7 +110,7 @@ async def main(args: argparse.Namespace) -> None:
         cpus: dict[str, list[float]] = {"off": [], "volume": []}
         for index in range(args.passes):
             order = ("off", "volume") if index % 2 == 0 else ("volume", "off")
-            for mode in order:
+            for mode in [m for m in order if args.only in (None, m)]:
                 seed = 1000 + 2 * index + (mode == "volume")
                 keys = []
                 for key, data in synthetic_ct_series(args.slices, seed=seed):
@@ -121,6 +126,8 @@ async def main(args: argparse.Namespace) -> None:
                     f"pass {index} {mode:>6}: {seconds:.3f} s, {rate:.1f} slices/s, "
                     f"{per:.2f} CPU ms a slice"
                 )
+        if args.only is not None:  # one mode's passes alone: a profiler's run
+            return
         ratios = [v / o for v, o in zip(times["volume"], times["off"], strict=True)]
         ratio = statistics.median(ratios)
         print(f"median volume / off: {ratio:.3f} (goal <= 1.05)")
@@ -129,10 +136,18 @@ async def main(args: argparse.Namespace) -> None:
         print(json.dumps({"slices": args.slices, "seconds": times, "cpu_s": cpus, "ratio": ratio}))
 
 
-if __name__ == "__main__":
+def arguments() -> argparse.ArgumentParser:
+    """The command line (``series_trace`` takes the same)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--slices", type=int, default=300)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
-    anyio.run(main, parser.parse_args())
+    parser.add_argument(
+        "--only", choices=("off", "volume"), help="run this mode's passes alone (to profile it)"
+    )
+    return parser
+
+
+if __name__ == "__main__":
+    anyio.run(main, arguments().parse_args())
