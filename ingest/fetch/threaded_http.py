@@ -290,18 +290,8 @@ def put_from(
     """
 
     def exchange(lease: _Lease) -> str:
-        conn = lease.conn
-        try:
-            conn.putrequest("PUT", lease.path, skip_accept_encoding=True)
-            length = str(sum(map(len, body)))
-            for name, value in {**headers, **lease.extra, "Content-Length": length}.items():
-                conn.putheader(name, value)
-            conn.endheaders()
-            for piece in body:
-                conn.send(piece)
-            response = conn.getresponse()  # RemoteDisconnected: closed without a status line
-        except ConnectionError as exc:
-            raise NoAnswer(f"the connection ended before an answer: {exc}") from exc
+        length = str(sum(map(len, body)))
+        response = _sent(lease, "PUT", {**headers, "Content-Length": length}, body)
         answer = response.read(ERROR_BODY_LIMIT)
         if response.status != 200:
             code = error_code(answer)
@@ -330,15 +320,7 @@ def request_whole(
     """
 
     def exchange(lease: _Lease) -> bytes:
-        conn = lease.conn
-        try:
-            conn.putrequest(method, lease.path, skip_accept_encoding=True)
-            for name, value in {**headers, **lease.extra}.items():
-                conn.putheader(name, value)
-            conn.endheaders()
-            response = conn.getresponse()  # RemoteDisconnected: closed without a status line
-        except ConnectionError as exc:
-            raise NoAnswer(f"the connection ended before an answer: {exc}") from exc
+        response = _sent(lease, method, headers, [])
         if response.status not in ok:
             code = error_code(response.read(ERROR_BODY_LIMIT))
             raise HttpStatusError(response.status, code, f"S3 answered {response.status} {code}")
@@ -351,6 +333,28 @@ def request_whole(
         return body
 
     return _exchange(pool, url, transfer, exchange)
+
+
+def _sent(
+    lease: _Lease, method: str, headers: dict[str, str], body: list[memoryview]
+) -> http.client.HTTPResponse:
+    """Send one request (``body`` as it is, never joined) through ``http.client``; its answer.
+
+    Raises:
+        NoAnswer: the connection ended before an answer (``_exchange`` may send it again).
+        OSError, TimeoutError: connecting, sending or reading the status line failed.
+    """
+    conn = lease.conn
+    try:
+        conn.putrequest(method, lease.path, skip_accept_encoding=True)
+        for name, value in {**headers, **lease.extra}.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        for piece in body:
+            conn.send(piece)
+        return conn.getresponse()  # RemoteDisconnected: closed without a status line
+    except ConnectionError as exc:
+        raise NoAnswer(f"the connection ended before an answer: {exc}") from exc
 
 
 def _exchange(
