@@ -8,7 +8,11 @@ both before the slice's offset is committed: the assembly's whole state is
 durable outputs or uncommitted offsets, so a worker killed at any point, or a
 partition that moves to another worker, loses nothing. A held slice (below)
 writes no marker: its offset is not committed before its values are durable, and
-it is spilled after writing the marker. Then:
+it is spilled after writing the marker. Nor does it wait for its member record:
+the records of the slices held within ``HELD_RECORD_LINGER_S`` of each other are
+written as one, ``.../members/held-TOKEN-N.json`` (a record is never rewritten:
+TOKEN is the process's, N counts), and a series' pending ones before its volume is
+planned; a slice spilled has a record of its own as well, which wins. Then:
 
 - when the data says the series is complete (Images in Acquisition, NM's and
   PET's Number of Slices, or a series manifest whose instances are all there),
@@ -104,6 +108,12 @@ from ingest_gpu.thread import DeviceThread
 log = structlog.get_logger("ingest.series")
 
 SLICES_IN_FLIGHT: Final = 8  # slices read back at once (the assembler's memory: as many)
+# Held slices' member records are written together: one record for those held within this
+# long of each other (their offsets wait for the volume, not for the record), at most
+# HELD_RECORD_MEMBERS in one; a volume about to be planned has its series' written at once.
+HELD_RECORD_LINGER_S: Final = 0.5
+HELD_RECORD_MEMBERS: Final = 256
+_HELD_RECORD_PREFIX: Final = "held-"  # a shared record's name: no SOP Instance UID starts so
 NIFTI_GZIP_LEVEL: Final = 1  # CT values compress little more at 6, at several times the CPU
 NIFTI_TYPE: Final = "application/gzip"
 
@@ -353,7 +363,11 @@ class SeriesAssembler:
         self._manifest_root = f"{settings.output_prefix}series-manifests/"
         # the member records this process wrote or read, by series: active series only
         self._members: dict[SeriesId, dict[str, Member | None]] = {}
-        self._adding: dict[SeriesId, int] = {}  # adds writing a member record now
+        # member records being written (a held slice's: until its shared record lands), by
+        # series; the shared records of held members, by series
+        self._adding: dict[SeriesId, int] = {}
+        self._records: dict[SeriesId, _Records] = {}
+        self._token = uuid.uuid4().hex[:12]  # this process's shared records' names
         self._markers: dict[SeriesId, _Marker] = {}  # the pending markers' PUTs, by series
         self._marker_lock = anyio.Lock()  # a marker is not deleted while an add decides on it
         self._manifests: dict[SeriesId, tuple[frozenset[str] | None, float]] = {}
@@ -446,21 +460,32 @@ class SeriesAssembler:
         self._ours.setdefault(series, set()).add(member.sop_instance_uid)
         async with self._marker_lock:  # not while this process removes the marker
             self._adding[series] = self._adding.get(series, 0) + 1  # nor until these land
-        try:
-            # A held slice's offset waits for a volume or its own output (a spill, which
-            # writes the marker then), so only a slice committed now needs the marker.
-            await self._record(
-                series, f"{prefix}members/{member.sop_instance_uid}.json", member, mark=not held
-            )
-        finally:
-            self._adding[series] -= 1
-            if not self._adding[series]:
-                del self._adding[series]
+        # A held slice's offset waits for a volume or its own output (a spill, which writes
+        # the marker then): its record is written with other held slices', with no marker.
+        if held:
+            self._hold_record(series, member)
+        else:
+            try:
+                await self._record(
+                    series, f"{prefix}members/{member.sop_instance_uid}.json", member
+                )
+            finally:
+                self._recorded(series, 1)
         members = self._members.get(series)
         first_sight, foreign = members is None, False
         if members is None:  # this process has not seen the series: what is durable already
             members = self._members[series] = {}
+            records = self._records.setdefault(series, _Records())
             for found_key in await self._sink.keys(f"{prefix}members/"):
+                if _shared(found_key):  # read now: how many slices it holds counts
+                    foreign = foreign or found_key not in records.written
+                    try:
+                        shared = await self._shared_members(series, found_key)
+                    except _BadRecord:  # the volume fails on it when planned, not this slice
+                        continue
+                    for them in shared:
+                        members.setdefault(them.sop_instance_uid, them)
+                    continue
                 sop = _sop_of(found_key)
                 members.setdefault(sop, None)  # read back when it is planned
                 foreign = foreign or sop not in self._ours.get(series, ())
@@ -532,6 +557,9 @@ class SeriesAssembler:
                     errors.append(exc)
                     return
                 members[sop] = written
+                records = self._records.get(series)
+                if records is not None and records.pending.pop(sop, None) is not None:
+                    self._recorded(series, 1)  # its own record says more than that would
                 kept.written = True
                 if kept.hold is not None:
                     kept.hold.release()
@@ -594,6 +622,7 @@ class SeriesAssembler:
             planned: list[tuple[list[str], VolumePlan]] = []
 
             async def plan() -> None:
+                await self._flush_held(series)  # this process's held members: listed too
                 keys = await self._sink.keys(f"{prefix}members/")
                 members = await self._read_members(series, keys)
                 manifest = await self._manifest(series, refresh_after=0.0 if quiet else None)
@@ -815,23 +844,112 @@ class SeriesAssembler:
             self._markers.pop(series, None)  # no add is marking it: none is adding
             self._members.pop(series, None)
             self._ours.pop(series, None)
+            self._records.pop(series, None)  # none pending: none is adding
             self._manifests.pop(series, None)
             self._manifest_reads.pop(series, None)
             self._due.pop(series, None)
             for left in self._kept.pop(series, {}).values():
                 self._drop(left)
 
-    async def _record(self, series: SeriesId, key: str, member: Member, *, mark: bool) -> None:
-        """PUT a member record and then, with ``mark``, make sure of the series' pending
-        marker: a marker PUT that lands is never older than the record it covers, which
-        another worker's ``_forget`` relies on.
+    async def _record(self, series: SeriesId, key: str, member: Member) -> None:
+        """PUT a member record and then make sure of the series' pending marker: a marker
+        PUT that lands is never older than the record it covers, which another worker's
+        ``_forget`` relies on.
 
         Raises:
             SinkError: one of them could not be written.
         """
         await self._sink.put_json(key, member.as_json())
-        if mark:
-            await self._mark(series)
+        await self._mark(series)
+
+    def _recorded(self, series: SeriesId, count: int) -> None:
+        """``count`` member records of ``series`` landed (or failed): no longer being added."""
+        left = self._adding[series] - count
+        if left:
+            self._adding[series] = left
+        else:
+            del self._adding[series]
+
+    def _hold_record(self, series: SeriesId, member: Member) -> None:
+        """Have a held member's record written with others' (``_write_held``); it counts as
+        being added (``_adding``, counted by the caller) until it lands."""
+        records = self._records.setdefault(series, _Records())
+        if member.sop_instance_uid in records.pending:  # redelivered: the record is pending
+            self._recorded(series, 1)
+        records.pending[member.sop_instance_uid] = member
+        if len(records.pending) >= HELD_RECORD_MEMBERS:
+            records.full.set()
+        if not records.writing:
+            records.writing = True
+            assert self._background is not None  # run() is started before any slice comes
+            self._background.start_soon(self._write_held, series, records)
+
+    async def _write_held(self, series: SeriesId, records: _Records) -> None:
+        """Write the series' pending held records, each batch ``HELD_RECORD_LINGER_S`` after
+        the first of it came (sooner when full), until none is pending. One that fails
+        stays pending, written with the next (or by the volume's ``_flush_held``)."""
+        try:
+            while records.pending:
+                with anyio.move_on_after(HELD_RECORD_LINGER_S):
+                    await records.full.wait()
+                try:
+                    await self._flush_held(series)
+                except IngestError as exc:
+                    log.warning("held member records not written", error=str(exc))
+        finally:
+            records.writing = False
+
+    async def _flush_held(self, series: SeriesId) -> None:
+        """Write the held members of ``series`` pending now as one shared record; return
+        once every one pending at the call has landed.
+
+        Raises:
+            SinkError: the record could not be written (its members stay pending).
+        """
+        records = self._records.get(series)
+        if records is None:
+            return
+        async with records.lock:  # after a write under way, which may hold fewer
+            if not records.pending:
+                return
+            batch, records.pending = records.pending, {}
+            records.full = anyio.Event()
+            number, records.count = records.count, records.count + 1
+            name = f"{_HELD_RECORD_PREFIX}{self._token}-{number:06d}.json"
+            key = f"{self.volume_prefix(series)}members/{name}"
+            try:
+                await self._sink.put_json(key, {"members": [m.as_json() for m in batch.values()]})
+            except IngestError:
+                for sop, member in batch.items():  # back, unless one came again meanwhile
+                    if records.pending.setdefault(sop, member) is not member:
+                        self._recorded(series, 1)
+                raise
+            records.written[key] = tuple(batch)
+            self._recorded(series, len(batch))
+
+    async def _shared_members(self, series: SeriesId, key: str) -> tuple[Member, ...]:
+        """The members a shared record holds: this process's own as it knows them now,
+        another's read (once).
+
+        Raises:
+            SinkError: it could not be read, or is not a member record.
+        """
+        records = self._records.setdefault(series, _Records())
+        ours = records.written.get(key)
+        if ours is not None:
+            known = self._members.get(series, {})
+            return tuple(m for sop in ours if (m := known.get(sop)) is not None)
+        found = records.read.get(key)
+        if found is None:
+            data = await self._sink.get(key)
+            if data is None:
+                return ()  # removed meanwhile
+            try:
+                found = tuple(member_from_json(m) for m in json.loads(data)["members"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise _BadRecord(f"shared member record {_sop_of(key)} is unreadable") from exc
+            records.read[key] = found
+        return found
 
     async def _mark(self, series: SeriesId) -> None:
         """PUT the series' pending marker; return once a PUT of it that began after this
@@ -933,11 +1051,19 @@ class SeriesAssembler:
 
     async def _read_members(self, series: SeriesId, keys: list[str]) -> list[Member]:
         """The member records under ``keys``: this process's own, the rest read back (again
-        for one held elsewhere: its worker may have written it since)."""
+        for one held elsewhere: its worker may have written it since). A slice's own
+        record wins over a shared one (it is written later: a held slice spilled)."""
         known = self._members.setdefault(series, {})
         kept = self._kept.get(series, {})
-        out: list[Member] = []
-        for key in keys:
+        out: dict[str, Member] = {}
+        for key in [k for k in keys if _shared(k)]:
+            for recorded in await self._shared_members(series, key):
+                sop = recorded.sop_instance_uid
+                current = known.get(sop)
+                if current is None or (current.held and sop not in kept):
+                    known[sop] = current = recorded
+                out[sop] = current
+        for key in [k for k in keys if not _shared(k)]:
             sop = _sop_of(key)
             member = known.get(sop)
             if member is None or (member.held and sop not in kept):
@@ -949,8 +1075,8 @@ class SeriesAssembler:
                 except (KeyError, TypeError, ValueError) as exc:
                     raise _BadRecord(f"member record {sop} is unreadable") from exc
                 known[sop] = member
-            out.append(member)
-        return out
+            out[sop] = member
+        return list(out.values())
 
     async def _write_volume(
         self,
@@ -1131,6 +1257,21 @@ class _Marker:
     landed: int = 0
 
 
+@dataclass(slots=True)
+class _Records:
+    """A series' shared member records (``members/held-TOKEN-N.json``) in this process: the
+    held members waiting for one, those it wrote (their slices) and those of others it
+    read (a record is written once: it never changes)."""
+
+    pending: dict[str, Member] = dataclasses.field(default_factory=dict)
+    written: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    read: dict[str, tuple[Member, ...]] = dataclasses.field(default_factory=dict)
+    lock: anyio.Lock = dataclasses.field(default_factory=anyio.Lock)
+    full: anyio.Event = dataclasses.field(default_factory=anyio.Event)  # write now
+    writing: bool = False  # a task of ``run``'s writes the pending ones
+    count: int = 0  # records written: the next one's number
+
+
 async def _all(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
     """Run ``calls`` at once; the first error of theirs is raised, ungrouped.
 
@@ -1154,6 +1295,11 @@ async def _all(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
 
 def _sop_of(key: str) -> str:
     return key.rsplit("/", 1)[-1].removesuffix(".json")
+
+
+def _shared(key: str) -> bool:
+    """Whether a member record's key is a shared record of held members, not one slice's."""
+    return key.rsplit("/", 1)[-1].startswith(_HELD_RECORD_PREFIX)
 
 
 def _series_json(series: SeriesId) -> dict[str, str]:

@@ -31,6 +31,7 @@ import pytest
 from ingest.dicom.parse import DicomHeader, parse_header
 from ingest.embedded.samples import synthetic_ct_series, synthetic_pet_series
 from ingest.embedded.stack import Stack
+from ingest.pipeline.series import HELD_RECORD_LINGER_S
 from ingest.settings import Settings
 from ingest.sink.output import OutputSink
 from ingest.worker import Outcome, Worker
@@ -289,9 +290,7 @@ async def test_a_sigkill_mid_series_loses_nothing(
         if slices_mode == "hold":  # nothing durable of the held slices: nothing committed
             assert await harness.committed_offset(stack, names.group, names.source_topic) == 0
             keys = await output_keys(stack, names.output_bucket)
-            held = [k for k in keys if "/members/" in k]
-            assert held  # member records, saying held, and no slice's values anywhere
-            assert not [k for k in keys if k.endswith(".npy")]
+            assert not [k for k in keys if k.endswith(".npy")]  # no slice's values anywhere
         second = WorkerProcess(env, tmp_path / "second.log").start()
         await _volume_written(stack, names.output_bucket, prefix, second)
         second.signal(signal.SIGTERM)
@@ -432,6 +431,15 @@ async def test_held_slices_write_only_the_volume_and_its_nifti(
     keys = await output_keys(stack, names.output_bucket)
     assert [k for k in keys if k.endswith(".npy")] == [latest["npy"]]
     assert sum(k.endswith(".json") and "/members/" not in k for k in keys) >= len(slices)
+    records = [k for k in keys if "/members/" in k]  # shared: held within half a second
+    assert records
+    assert all("/members/held-" in k for k in records)
+    recorded = [
+        m["sop_instance_uid"]
+        for k in records
+        for m in (await get_json(stack, names.output_bucket, k) or {})["members"]
+    ]
+    assert sorted(recorded) == sorted(s["sop_instance_uid"] for s in latest["slices"])
     assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
         slices
     )
@@ -485,11 +493,12 @@ def count_requests(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 async def test_the_requests_a_slice_pays(
     stack: Stack, monkeypatch: pytest.MonkeyPatch, slices_mode: str
 ) -> None:
-    """Each slice PUTs its member record; only a slice committed before its series'
-    volume (``write``) needs the pending marker, and slices that meet share one PUT
-    of it; a held slice's offset waits for the volume, so ``hold`` writes no marker.
-    The series' manifest is looked for once, however many slices come together, and
-    again at most once a second."""
+    """Each slice committed before its series' volume (``write``) PUTs its member record
+    and needs the pending marker, and slices that meet share one PUT of it; a held
+    slice's offset waits for the volume, so ``hold`` writes no marker, and the held
+    slices' records are shared (those held within half a second of each other, and
+    those pending when the volume is planned, in one). The series' manifest is looked
+    for once, however many slices come together, and again at most once a second."""
     counts = count_requests(monkeypatch)
     slices = synthetic_ct_series(12, 64, 64, seed=57)
     names = await _series_sent(stack, slices)
@@ -504,18 +513,68 @@ async def test_the_requests_a_slice_pays(
 
     _, array = await volume_of(stack, names.output_bucket, prefix)
     assert array.tobytes() == expected_volume(slices).tobytes()
-    assert counts["PUT member"] == len(slices)
     assert 1 <= counts["GET manifest"] <= 1 + int(seconds)
     if slices_mode == "hold":
+        assert 1 <= counts["PUT member"] <= 1 + int(seconds / HELD_RECORD_LINGER_S)
         assert counts["PUT marker"] == 0
         assert counts["PUT slice"] == len(slices)  # sidecars: no slice's .npy
     else:
+        assert counts["PUT member"] == len(slices)
         assert 1 <= counts["PUT marker"] <= len(slices)
         assert counts["PUT slice"] == 2 * len(slices)
     assert await get_json(stack, names.output_bucket, pending_key(prefix)) is None
     assert await harness.settled_committed_offset(stack, names.group, names.source_topic) == len(
         slices
     )
+
+
+async def test_a_held_slice_spilled_after_its_shared_record_is_read_as_spilled(
+    stack: Stack,
+) -> None:
+    """Held slices' member records are shared (one record, ``held``, for the slices held
+    within half a second). A worker that stops writes its held slices as outputs of their
+    own, each with a record of its own saying so. The next worker, completing the series
+    by its count, takes a slice's own record over the shared one: it writes the volume
+    at once, from its memory and the stopped worker's outputs."""
+    slices = synthetic_ct_series(4, 16, 16, seed=67)
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    await harness.upload(stack, names.source_bucket, slices)
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(
+        stack, names, series="volume", series_slices="hold", series_quiet_s="600"
+    )
+
+    async def shared() -> list[dict[str, Any]]:
+        """The held members of the shared records there now."""
+        keys = await output_keys(stack, names.output_bucket)
+        records = [await get_json(stack, names.output_bucket, k) for k in keys if "/held-" in k]
+        return [m for r in records for m in (r or {})["members"]]
+
+    await publish(stack, names, [k for k, _ in slices[:2]])
+    seen: list[Outcome] = []
+    first = Worker(settings, seen.append)
+    async with anyio.create_task_group() as group:
+        group.start_soon(first.run)
+        with anyio.fail_after(60):
+            while len(seen) < 2 or len(await shared()) < 2:  # noqa: ASYNC110 (S3 is polled)
+                await anyio.sleep(0.1)
+        first.stop()  # its held slices are spilled
+
+    held = await shared()
+    assert [m["held"] for m in held] == [True, True]
+    keys = await output_keys(stack, names.output_bucket)
+    own = [k for k in keys if "/members/" in k and "/held-" not in k]  # SOP.json each
+    spilled = [await get_json(stack, names.output_bucket, k) or {} for k in own]
+    assert [r["held"] for r in spilled] == [False, False]
+    assert {r["sop_instance_uid"] for r in spilled} == {m["sop_instance_uid"] for m in held}
+
+    await publish(stack, names, [k for k, _ in slices[2:]])
+    await run_until(settings, 2, stack, names.output_bucket, [prefix + "latest.json"])
+
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    assert sorted(s["npy"] is None for s in latest["slices"]) == [False, False, True, True]
 
 
 async def test_a_member_recorded_while_the_marker_goes_keeps_the_marker(
