@@ -58,7 +58,7 @@ from ingest_gpu import nvimgcodec_api as api
 from ingest_gpu.formats import PixelFormat
 
 Colour = Literal["unchanged", "rgb"]  # keep the codestream's samples; or convert YCbCr to RGB
-Parsed = tuple[api.CodeStream, str]  # a frame's codestream and its output's typestr
+Parsed = api.CodeStream  # a frame's codestream, made and checked against its header
 MAX_KEPT_IMAGES: Final = 8192  # places in the arena whose output image is kept for the next batches
 # fancy upsampling: 4:2:2 chroma interpolated as libjpeg does it (pydicom's decoders)
 OPTIONS: Final = ":fancy_upsampling=1"
@@ -80,7 +80,7 @@ class DeviceDecodeError(Exception):
 @dataclass(frozen=True, slots=True)
 class EncodedFrames:
     """A job's codestreams, one a frame, and the colour conversion pydicom applies to them;
-    ``parsed``: each frame's codestream and output typestr, once ``parse`` made them."""
+    ``parsed``: each frame's codestream, once ``parse`` made them."""
 
     frames: tuple[bytes | memoryview, ...]
     colour: Colour = "unchanged"
@@ -178,7 +178,7 @@ class NvDecoder:
                     continue
                 assert parsed is not None
             size, colour = fmt.frame_bytes, encoded.colour
-            for k, (stream, _) in enumerate(parsed):
+            for k, stream in enumerate(parsed):
                 place = (ptr + k * size, stream.declared, colour, stream_handle)
                 image = kept.get(place)
                 if image is None:
@@ -244,7 +244,7 @@ def _address(frame: bytes | memoryview) -> tuple[object, int, int]:
 def _code_stream(
     lib: api.Library, frame: bytes | memoryview, fmt: PixelFormat, colour: Colour
 ) -> Parsed:
-    """The frame's codestream (over its bytes, no copy) and its output's typestr.
+    """The frame's codestream (over its bytes, no copy), checked against the header.
 
     Raises:
         DeviceDecodeError: the codestream cannot be parsed or declares another image.
@@ -270,4 +270,4 @@ def _code_stream(
             f" samples of {bits}; the header {fmt.rows} x {fmt.columns} x"
             f" {fmt.samples} of {fmt.bits_allocated}"
         )
-    return stream, typestr
+    return stream
