@@ -27,13 +27,7 @@ import anyio
 import structlog
 
 from ingest.errors import ConfigError, IngestError
-from ingest.logs import (
-    configure_logging,
-    flush_logs,
-    identity,
-    package_version,
-    set_identity,
-)
+from ingest.logs import configure_logging, identity, package_version, set_identity
 from ingest.redact import set_log_hash_key
 from ingest.settings import SETTINGS, Settings, load_settings, plaintext, setting_names
 
@@ -407,7 +401,6 @@ def first_error(raised: BaseException) -> BaseException:
 
 def _last_line(lines: bool, what: str, error: BaseException, status: int) -> int:
     """The one line a worker ends with on an error it knows: JSON, or text for a person."""
-    flush_logs()  # after the lines logged before it
     if lines:
         record = {
             "event": what,
@@ -446,8 +439,7 @@ def _worker_command(args: argparse.Namespace) -> int:
     settings = load_settings(config_file=args.config)
     set_log_hash_key(settings.log_hash_key or None)
     tty = settings.log_format == "auto" and sys.stderr.isatty()  # a person reads a terminal
-    # the lines written by a thread of their own: the event loop logs a line an object
-    configure_logging(json=not (tty or settings.log_format == "console"), background=True)
+    configure_logging(json=not (tty or settings.log_format == "console"))
     set_identity(worker=settings.worker_id)  # siblings share stderr: each line says whose
     if args.parent_pid is not None and not die_with_parent(args.parent_pid):
         log.warning("parent gone before start; exiting", worker=settings.worker_id)

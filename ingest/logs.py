@@ -26,14 +26,6 @@ set-up: whoever swaps it (a test harness, an embedding program) may close the
 old stream, and a logger still holding that one would raise ``ValueError`` in
 whichever task logs next, ending the worker's services with it.
 
-In the worker (``configure_logging(background=True)``) a thread of its own
-writes the lines, in the order they were logged: the thread that logs (the
-event loop, a line an object) does not make the ``write`` system call, which
-lets go of the GIL, and taking the GIL back waits for whichever thread took it
-meanwhile. Lines that meet are written together, up to ``PIPE_BUF`` a
-``write``; the lines still queued are written when the process exits
-(``flush_logs``), and before the worker's last line.
-
 Logs never carry patient data: object keys appear only as ``key_digest``
 and DICOM header values not at all; the results topic and the encrypted audit
 trail are where keys and UIDs live. ``ingest/redact.py`` enforces it on every
@@ -43,10 +35,7 @@ URL paths and person names are masked whatever a caller passed.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
-import queue
 import sys
 import threading
 import types
@@ -70,91 +59,14 @@ def package_version() -> str:
         return "0+unknown"
 
 
-PIPE_BUF = 4096  # bytes a pipe writes whole, not interleaved with another writer's (JSON: ASCII)
-FLUSH_TIMEOUT_S = 5.0  # ``flush_logs`` waits this long at most (a pipe nobody reads blocks)
-
-
 class _CurrentStderr:
-    """A file whose writes go to ``sys.stderr`` as it is at that moment: at once, or from
-    the writer thread (``background``, the module's docstring)."""
-
-    def __init__(self) -> None:
-        self.background = False
-        self._lines: queue.SimpleQueue[str | threading.Event] = queue.SimpleQueue()
-        self._pid = 0  # the process the writer thread runs in (a fork has none)
-        self._starting = threading.Lock()
-        os.register_at_fork(after_in_child=self._forked)
+    """A file whose writes go to ``sys.stderr`` as it is at that moment."""
 
     def write(self, text: str) -> int:
-        if not self.background:
-            return sys.stderr.write(text)
-        if self._pid != os.getpid():
-            self._start()
-        self._lines.put(text)
-        return len(text)
-
-    def _forked(self) -> None:
-        self._pid = 0
-        self._starting = threading.Lock()
+        return sys.stderr.write(text)
 
     def flush(self) -> None:
-        if not self.background:
-            sys.stderr.flush()
-
-    def drain(self, timeout: float) -> None:
-        """Return once every line queued before the call is written, or after ``timeout``."""
-        if self._pid != os.getpid():
-            return  # nothing queued in this process yet
-        done = threading.Event()
-        self._lines.put(done)
-        done.wait(timeout)
-
-    def _start(self) -> None:
-        with self._starting:  # one writer thread a process, and its queue
-            if self._pid == os.getpid():
-                return
-            lines: queue.SimpleQueue[str | threading.Event] = queue.SimpleQueue()
-            threading.Thread(
-                target=self._run, args=(lines,), name="log-writer", daemon=True
-            ).start()
-            self._lines, self._pid = lines, os.getpid()
-
-    def _run(self, lines: queue.SimpleQueue[str | threading.Event]) -> None:
-        while True:
-            self._write_queued(lines)
-
-    def _write_queued(self, lines: queue.SimpleQueue[str | threading.Event]) -> None:
-        """Wait for a line; write it and those queued behind it, joined up to ``PIPE_BUF`` a
-        write. A flush's event is set once the lines before it are written."""
-        pending: list[str] = []
-        size = 0
-        item = lines.get()
-        while True:
-            if isinstance(item, threading.Event):
-                self._out(pending)
-                pending, size = [], 0
-                item.set()
-            else:
-                if pending and size + len(item) > PIPE_BUF:
-                    self._out(pending)
-                    pending, size = [], 0
-                pending.append(item)
-                size += len(item)
-            try:
-                item = lines.get_nowait()
-            except queue.Empty:
-                break
-        self._out(pending)
-
-    @staticmethod
-    def _out(lines: list[str]) -> None:
-        if not lines:
-            return
-        try:
-            sys.stderr.write("".join(lines))
-            sys.stderr.flush()
-        except (OSError, ValueError):  # stderr closed or gone: the lines cannot go anywhere
-            pass
+        sys.stderr.flush()
 
 
 class _NamedWriteLogger(structlog.WriteLogger):
@@ -211,14 +123,6 @@ class RepeatFilter(logging.Filter):
 
 
 _STDERR = _CurrentStderr()
-
-
-def flush_logs(timeout: float = FLUSH_TIMEOUT_S) -> None:
-    """Return once the lines logged so far are written (a no-op unless ``background``)."""
-    _STDERR.drain(timeout)
-
-
-atexit.register(flush_logs)
 _IDENTITY: dict[str, str] = {"service": SERVICE, "version": package_version()}
 
 
@@ -265,18 +169,13 @@ def _foreign_fields(
     return event
 
 
-def configure_logging(*, json: bool, level: int = logging.INFO, background: bool = False) -> None:
+def configure_logging(*, json: bool, level: int = logging.INFO) -> None:
     """Route structlog and the standard library's loggers to stderr, through one renderer.
 
     Our loggers (``dicom_ingest.*``) log from ``level``; the libraries' from
     ``max(level, WARNING)`` (aiokafka's INFO lines are its every reconnect).
     Uncaught exceptions (main thread or any other) become one ``error`` line.
-    ``background``: a thread of its own writes the lines (the module's docstring);
-    else each is written at once, by the thread that logs it.
     """
-    if _STDERR.background and not background:
-        flush_logs()
-    _STDERR.background = background
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if json

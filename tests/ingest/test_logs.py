@@ -6,7 +6,6 @@ import io
 import json
 import logging
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import structlog
 
 from ingest.cli import main
 from ingest.embedded.stack import Stack
-from ingest.logs import PIPE_BUF, configure_logging, flush_logs
+from ingest.logs import configure_logging
 
 
 class WriteRecorder:
@@ -222,70 +221,6 @@ def test_an_uncaught_exception_and_a_warning_are_json_lines_with_the_traceback_a
     assert "ZeroDivisionError" in str(thread["exception"])
     assert str(main_thread["exception"]).endswith("RuntimeError: a bug")
     assert {r["worker"] for r in records} == {"w-crash"}
-
-
-def test_a_background_writer_keeps_each_line_whole_and_in_order(
-    recorder: WriteRecorder, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The worker's lines are written by a thread of their own: lines that meet share a
-    write of at most ``PIPE_BUF`` bytes, each line whole in it, every thread's lines in
-    the order logged; ``flush_logs`` returns once all are written."""
-    monkeypatch.setattr("sys.stderr", recorder)
-    configure_logging(json=True, background=True)
-    try:
-
-        def lines(name: str) -> None:
-            log = structlog.get_logger(name)
-            for index in range(300):
-                log.info("line", index=index, padding="x" * (index % 97))
-
-        threads = [threading.Thread(target=lines, args=(f"t{k}",)) for k in range(3)]
-        for thread in threads:
-            thread.start()
-        lines("main")
-        for thread in threads:
-            thread.join()
-        flush_logs()
-        written = list(recorder.writes)
-    finally:
-        configure_logging(json=True)  # back to writing at once
-    assert all(w.endswith("\n") and len(w.encode()) <= PIPE_BUF for w in written)
-    assert len(written) < 4 * 300  # lines met in writes
-    records = [json.loads(line) for w in written for line in w.splitlines()]
-    assert len(records) == 4 * 300
-    for name in ("main", "t0", "t1", "t2"):
-        assert [r["index"] for r in records if r["logger"] == name] == list(range(300))
-
-
-def test_lines_still_queued_are_written_when_the_process_ends() -> None:
-    import subprocess
-
-    program = (
-        "import structlog\n"
-        "from ingest.logs import configure_logging, flush_logs\n"
-        "configure_logging(json=True, background=True)\n"
-        "log = structlog.get_logger('many')\n"
-        "for index in range(2000):\n"
-        "    log.info('line', index=index)\n"
-        "flush_logs()\n"
-        "print('after the lines', file=__import__('sys').stderr)\n"
-        "log.info('last', index=2000)\n"
-        "raise RuntimeError('a bug')\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        env=environment({}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 1
-    text = done.stderr.splitlines()
-    assert text[2000] == "after the lines"
-    records = json_lines("\n".join(text[:2000] + text[2001:]))
-    assert [r.get("index") for r in records[:2001]] == list(range(2001))
-    assert records[-1]["logger"] == "dicom_ingest.uncaught"
-    assert str(records[-1]["exception"]).endswith("RuntimeError: a bug")
 
 
 @pytest.mark.slow

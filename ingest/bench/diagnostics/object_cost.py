@@ -404,8 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile", type=Path, default=None, help="cProfile the event loop's thread into FILE"
     )
     args = parser.parse_args(argv)
-    # the worker's own lines, as it writes them
-    configure_logging(json=True, level=logging.INFO, background=True)
+    configure_logging(json=True, level=logging.INFO)  # the worker's own lines, as it writes them
 
     time_device_decodes()
     if args.switch_ms is not None:
