@@ -904,7 +904,8 @@ class SeriesAssembler:
         once every one pending at the call has landed.
 
         Raises:
-            SinkError: the record could not be written (its members stay pending).
+            SinkError: the record could not be written (its members stay pending, as they
+                do when the call is cancelled).
         """
         records = self._records.get(series)
         if records is None:
@@ -919,8 +920,8 @@ class SeriesAssembler:
             key = f"{self.volume_prefix(series)}members/{name}"
             try:
                 await self._sink.put_json(key, {"members": [m.as_json() for m in batch.values()]})
-            except IngestError:
-                for sop, member in batch.items():  # back, unless one came again meanwhile
+            except BaseException:  # failed or cancelled: pending again, for the next write
+                for sop, member in batch.items():  # unless one came again meanwhile
                     if records.pending.setdefault(sop, member) is not member:
                         self._recorded(series, 1)
                 raise

@@ -17,7 +17,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import pytest
 from ingest.dicom.parse import DicomHeader, parse_header
 from ingest.embedded.samples import synthetic_ct_series, synthetic_pet_series
 from ingest.embedded.stack import Stack
+from ingest.errors import SinkError
 from ingest.pipeline.series import HELD_RECORD_LINGER_S
 from ingest.settings import Settings
 from ingest.sink.output import OutputSink
@@ -575,6 +576,48 @@ async def test_a_held_slice_spilled_after_its_shared_record_is_read_as_spilled(
     latest, array = await volume_of(stack, names.output_bucket, prefix)
     assert array.tobytes() == expected_volume(slices).tobytes()
     assert sorted(s["npy"] is None for s in latest["slices"]) == [False, False, True, True]
+
+
+async def test_a_shared_record_that_fails_is_written_again(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first PUT of a shared record of held slices fails for good: its slices stay
+    pending and go up with the next record (the next one in the background, or the one
+    written before the volume is planned; where that one failed, the volume is written
+    after the quiet period). The volume holds every slice, and every slice is recorded."""
+    put_json = OutputSink.put_json
+    failed: list[str] = []
+
+    async def failing_once(self: OutputSink, key: str, document: Mapping[str, Any]) -> None:
+        if "/members/held-" in key and not failed:
+            failed.append(key)
+            raise SinkError("put_object: a failure for good")
+        await put_json(self, key, document)
+
+    monkeypatch.setattr(OutputSink, "put_json", failing_once)
+    slices = synthetic_ct_series(6, 16, 16, seed=69)
+    names = await _series_sent(stack, slices, shuffle=5)
+    prefix = series_prefix(slices[0][1])
+    settings = harness.make_settings(
+        stack, names, series="volume", series_slices="hold", series_quiet_s="2"
+    )
+
+    await run_until(
+        settings, len(slices), stack, names.output_bucket, [prefix + "latest.json"], len(slices)
+    )
+
+    assert failed
+    latest, array = await volume_of(stack, names.output_bucket, prefix)
+    assert array.tobytes() == expected_volume(slices).tobytes()
+    keys = await output_keys(stack, names.output_bucket)
+    assert failed[0] not in keys
+    recorded = [
+        m["sop_instance_uid"]
+        for k in keys
+        if "/members/held-" in k
+        for m in (await get_json(stack, names.output_bucket, k) or {})["members"]
+    ]
+    assert sorted(recorded) == sorted(s["sop_instance_uid"] for s in latest["slices"])
 
 
 async def test_a_member_recorded_while_the_marker_goes_keeps_the_marker(
