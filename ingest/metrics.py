@@ -78,9 +78,7 @@ DEAD_LETTERS = Counter(
     "Dead-letter records written, by reason (objects and bad records)",
     ["reason"],
 )
-RANGES_IN_FLIGHT = Gauge(
-    "dicom_ingest_ranges_in_flight", "S3 GETs and file reads under way in their threads"
-)
+RANGES_IN_FLIGHT = Gauge("dicom_ingest_ranges_in_flight", "S3 GETs and file reads under way")
 PUTS_IN_FLIGHT = Gauge("dicom_ingest_puts_in_flight", "S3 PUTs (output parts) under way")
 
 # Every stage's series exists from the start: rate() needs two points.

@@ -90,7 +90,7 @@ def request_head(method: str, path: str, host: str, headers: dict[str, str]) -> 
 
 
 @dataclass(slots=True)
-class _Head:
+class Head:
     """A parsed answer head and the body bytes that arrived with it."""
 
     status: int
@@ -99,27 +99,22 @@ class _Head:
     keep_alive: bool
 
 
-def _read_head(sock: socket.socket) -> _Head:
-    buffer = bytearray(HEAD_LIMIT)
-    view = memoryview(buffer)
-    filled = 0
+def head_in(buffer: bytearray, filled: int) -> tuple[Head | None, int]:
+    """The final answer's head once ``buffer[:filled]`` holds it, and ``filled``.
+
+    While the head is incomplete: ``(None, filled)``. Interim answers (1xx) are
+    dropped from the front of ``buffer``; ``filled`` then counts what is left.
+
+    Raises:
+        ConnectionError: not an HTTP answer, a malformed header line, or a head over
+            ``HEAD_LIMIT`` bytes.
+    """
     while True:
         end = buffer.find(b"\r\n\r\n", 0, filled)
         if end < 0:
-            if filled == HEAD_LIMIT:
+            if filled >= HEAD_LIMIT:
                 raise ConnectionError(f"the answer's head is over {HEAD_LIMIT} bytes")
-            try:
-                n = sock.recv_into(view[filled:])
-            except ConnectionError as exc:
-                if filled:
-                    raise
-                raise NoAnswer(f"the connection broke before an answer: {exc}") from exc
-            if not n and filled:
-                raise ConnectionResetError("the server closed the connection inside the answer")
-            if not n:
-                raise NoAnswer("the server closed the connection without answering")
-            filled += n
-            continue
+            return None, filled
         lines = bytes(buffer[:end]).split(b"\r\n")
         match = _STATUS_LINE.match(lines[0])
         if match is None:
@@ -137,17 +132,74 @@ def _read_head(sock: socket.socket) -> _Head:
                 raise ConnectionError(f"a malformed header line: {line[:80]!r}")
             headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
         keep_alive = match.group(1) == b"1" and headers.get("connection", "").lower() != "close"
-        return _Head(status, headers, view[end + 4 : filled], keep_alive)
+        return Head(status, headers, memoryview(buffer)[end + 4 : filled], keep_alive), filled
 
 
-def read_answer(sock: socket.socket, target: memoryview, *, waitall: bool) -> tuple[Answer, bool]:
-    head = _read_head(sock)
-    status, headers = head.status, head.headers
+def _read_head(sock: socket.socket) -> Head:
+    buffer = bytearray(HEAD_LIMIT)
+    view = memoryview(buffer)
+    filled = 0
+    while True:
+        head, filled = head_in(buffer, filled)
+        if head is not None:
+            return head
+        try:
+            n = sock.recv_into(view[filled:])
+        except ConnectionError as exc:
+            if filled:
+                raise
+            raise NoAnswer(f"the connection broke before an answer: {exc}") from exc
+        if not n and filled:
+            raise ConnectionResetError("the server closed the connection inside the answer")
+        if not n:
+            raise NoAnswer("the server closed the connection without answering")
+        filled += n
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """What a data answer (200 or 206) will put into a target: ``receive`` bytes of its
+    ``length`` are taken, of which ``expected`` must come for the answer to be whole."""
+
+    status: int
+    length: int  # Content-Length
+    receive: int  # the bytes received into the target (the rest, if any, is dropped)
+    expected: int
+    start: int
+    total: int | None
+    etag: str
+    version_id: str | None
+
+    def answer(self, filled: int) -> Answer:
+        """The answer, once ``filled`` bytes came.
+
+        Raises:
+            BodyCut: fewer than ``expected``.
+        """
+        if filled < self.expected:
+            raise BodyCut(filled, self.expected, "end of stream")
+        return Answer(self.status, filled, self.start, self.total, self.etag, self.version_id)
+
+
+def content_length(head: Head) -> int | None:
+    """The body's length, or None where it is not framed by Content-Length (chunked)."""
+    headers = head.headers
     framed = "transfer-encoding" not in headers and headers.get("content-length", "").isdigit()
-    length = int(headers["content-length"]) if framed else None
-    if status not in (200, 206):
-        code = error_code(_read_error_body(sock, head, length))
-        raise HttpStatusError(status, code, f"S3 answered {status} {code}".rstrip())
+    return int(headers["content-length"]) if framed else None
+
+
+def data_body(head: Head, capacity: int) -> Body:
+    """The body of a 200 or 206 answer to a GET of at most ``capacity`` bytes.
+
+    A 206 must carry the whole requested range; a 200 (a server that ignored
+    ``Range``) fills ``capacity`` and the rest of it is dropped.
+
+    Raises:
+        HttpStatusError: no Content-Length, or a 206 whose range and length disagree
+            with each other or with ``capacity``.
+    """
+    status, headers = head.status, head.headers
+    length = content_length(head)
     if length is None:
         raise HttpStatusError(status, "", "a data answer without Content-Length")
     etag = headers.get("etag", "").strip().strip('"')
@@ -156,19 +208,27 @@ def read_answer(sock: socket.socket, target: memoryview, *, waitall: bool) -> tu
     if status == 206:
         start, end, total = _content_range(headers.get("content-range"))
         expected = end + 1 - start
-        if expected > len(target) or length > expected:
+        if expected > capacity or length > expected:
             raise HttpStatusError(206, "", f"answered {length} bytes for {expected} of range")
     else:
         total = length
-        expected = min(len(target), total)
-    view = target[: min(expected, length)]  # a shorter Content-Length is a cut body
+        expected = min(capacity, total)
+    receive = min(expected, length)  # a shorter Content-Length is a cut body
+    return Body(status, length, receive, expected, start, total, etag, version_id)
+
+
+def read_answer(sock: socket.socket, target: memoryview, *, waitall: bool) -> tuple[Answer, bool]:
+    head = _read_head(sock)
+    if head.status not in (200, 206):
+        code = error_code(_read_error_body(sock, head))
+        raise HttpStatusError(head.status, code, f"S3 answered {head.status} {code}".rstrip())
+    body = data_body(head, len(target))
+    view = target[: body.receive]
     early = head.early[: len(view)]
     view[: len(early)] = early
     filled = len(early) + recv_exactly(sock, view[len(early) :], waitall, len(early))
-    if filled < expected:
-        raise BodyCut(filled, expected, "end of stream")
-    reusable = head.keep_alive and len(head.early) + (len(view) - len(early)) == length
-    return Answer(status, filled, start, total, etag, version_id), reusable
+    reusable = head.keep_alive and len(head.early) + (len(view) - len(early)) == body.length
+    return body.answer(filled), reusable
 
 
 def recv_exactly(sock: socket.socket, view: memoryview, waitall: bool, offset: int = 0) -> int:
@@ -208,19 +268,30 @@ def recv_exactly(sock: socket.socket, view: memoryview, waitall: bool, offset: i
     return filled
 
 
-def _read_error_body(sock: socket.socket, head: _Head, length: int | None) -> bytes:
-    """Up to ``ERROR_BODY_LIMIT`` bytes of an error answer's body (for S3's error code).
+def error_body_wanted(head: Head) -> int:
+    """How much of an error answer's body to read for S3's error code."""
+    length = content_length(head)
+    return ERROR_BODY_LIMIT if length is None else min(length, ERROR_BODY_LIMIT)
 
-    A chunked body is read to its last chunk (``0\\r\\n\\r\\n``), not to
-    the connection's end, which a keep-alive server never sends; chunk-size
-    lines stay in, the error code is found by a search.
+
+def error_body_done(head: Head, body: bytes | bytearray) -> bool:
+    """Whether ``body`` is all of an error answer's body there is to read.
+
+    A chunked body is read to its last chunk (``0\r\n\r\n``), not to the
+    connection's end, which a keep-alive server never sends; chunk-size lines
+    stay in, the error code is found by a search.
     """
     chunked = "chunked" in head.headers.get("transfer-encoding", "").lower()
-    want = ERROR_BODY_LIMIT if length is None else min(length, ERROR_BODY_LIMIT)
+    return len(body) >= error_body_wanted(head) or (chunked and body.endswith(b"0\r\n\r\n"))
+
+
+def _read_error_body(sock: socket.socket, head: Head) -> bytes:
+    """Up to ``ERROR_BODY_LIMIT`` bytes of an error answer's body (for S3's error code)."""
+    want = error_body_wanted(head)
     body = bytearray(head.early[:want])
     piece = bytearray(min(want, 16 * 1024))
     with contextlib.suppress(OSError, BodyCut):  # the code is a nicety; the status is news
-        while len(body) < want and not (chunked and body.endswith(b"0\r\n\r\n")):
+        while not error_body_done(head, body):
             n = sock.recv_into(piece, min(len(piece), want - len(body)))
             if not n:
                 break

@@ -1,4 +1,4 @@
-"""Reading S3 objects: ranged GETs straight into ring slots, in threads, with retries.
+"""Reading S3 objects: ranged GETs straight into ring slots, with retries.
 
 An object is read without a HEAD. ``locate`` presigns one GET URL for it
 (SigV4 query auth, by botocore's signer: ``presign.py``); ``read_first`` GETs
@@ -6,12 +6,14 @@ its first range and learns the object's size, ETag and version from the
 answer (``Content-Range``, ``ETag``, ``x-amz-version-id``); every later
 ``read_into`` carries ``If-Match`` with that ETag, so a range can never mix
 bytes of two versions: a replaced object answers 412, which becomes
-``ObjectChanged``. The GETs run in worker threads on keep-alive connections
-and receive the body straight into the slot (``threaded_http.py`` says how
-and why), on ``fetch_concurrency`` threads: a thread that finishes a range
-takes the next queued one without a trip through the event loop. A cancelled
-read aborts its socket and waits for its thread, so a slot is never written
-after it was given back.
+``ObjectChanged``. The GETs run on keep-alive connections and receive the
+body straight into the slot. One that fits a small slot (a CT slice, a large
+object's header probe) runs on the event loop (``loop_http.py``); the others
+run on ``fetch_concurrency`` threads (``threaded_http.py`` says how and why),
+where a thread that finishes a range takes the next queued one without a
+trip through the event loop. A cancelled read closes its connection (on a
+thread: aborts its socket and waits for the thread), so a slot is never
+written after it was given back.
 
 Transient failures (5xx, throttling, timeouts, resets, a body cut short) are
 retried by the policy of ``retry.py``. All foreign exceptions (botocore,
@@ -32,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
@@ -49,6 +52,7 @@ from ingest.errors import (
     TruncatedBody,
 )
 from ingest.fetch.http_answer import Answer, BodyCut, HttpStatusError
+from ingest.fetch.loop_http import LoopGets
 from ingest.fetch.planning import ByteRange
 from ingest.fetch.presign import UrlSigner
 from ingest.fetch.threaded_http import (
@@ -159,8 +163,9 @@ def _from_status(status: int, code: str, what: str) -> IngestError:
 
 
 class S3Source:
-    """Presigned ranged GETs in threads, HEAD and presigning on one aiobotocore client; an
-    async context manager (``aclose`` closes the client and the connections)."""
+    """Presigned ranged GETs (small ones on the event loop, the rest in threads), HEAD and
+    presigning on one aiobotocore client; an async context manager (``aclose`` closes the
+    client and the connections)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -178,6 +183,8 @@ class S3Source:
             read_timeout_s=settings.read_timeout_s,
             ssl_context=ssl.create_default_context(cafile=ca_bundle(settings.s3_ca_bundle)),
         )
+        # GETs that fit a small slot (a CT slice, a header probe) run on the event loop
+        self._loop_gets = LoopGets(self._pool)
 
     async def __aenter__(self) -> S3Source:
         s = self._settings
@@ -201,6 +208,7 @@ class S3Source:
         self._stack.callback(self._gets.shutdown)  # requests end before: see _in_thread
         self._stack.callback(self._puts.shutdown)
         self._stack.callback(self._pool.close)
+        self._stack.callback(self._loop_gets.close)
         verify = ca_bundle(s.s3_ca_bundle)
         self._client = await self._stack.enter_async_context(
             session.create_client(
@@ -225,8 +233,8 @@ class S3Source:
 
     @property
     def connections_opened(self) -> int:
-        """HTTP connections the GET threads opened so far (keep-alive reuse keeps this low)."""
-        return self._pool.opened
+        """HTTP connections the GETs opened so far (keep-alive reuse keeps this low)."""
+        return self._pool.opened + self._loop_gets.opened
 
     async def head(self, bucket: str, key: str, version_id: str | None) -> ObjectHead:
         """Size, ETag and version of the object, retried on transient failures.
@@ -292,10 +300,11 @@ class S3Source:
     async def read_first_then(
         self, where: Presigned, into: memoryview, then: Callable[[memoryview], T] | None
     ) -> tuple[ObjectHead, int, T | None]:
-        """``read_first``, and if the whole object came, ``then(its bytes)`` in the same thread.
+        """``read_first``, and if the whole object came, ``then(its bytes)`` where the GET ran.
 
-        A CT slice is read and parsed in one hand-off to a thread instead of two, as
-        each hand-off costs the event loop time on every slice. The third
+        A CT slice is read and parsed on the event loop (a GET of a small slot runs
+        there); a larger whole object in the GET's thread, in one hand-off instead of
+        two, as each hand-off costs the event loop time. The third
         value is what ``then`` returned, or None if the object is larger than
         ``into`` (or ``then`` is None). What ``then`` raises is raised here as it
         is, after the GET: it is neither retried nor taken for a failed GET.
@@ -377,14 +386,18 @@ class S3Source:
         then: Callable[[memoryview], T] | None,
         whole_only: bool,
     ) -> tuple[Answer, After[T] | None]:
-        def work(transfer: Transfer) -> tuple[Answer, After[T] | None]:
-            answer = get_into(self._pool, url, headers, target, transfer)
+        def after(answer: Answer) -> tuple[Answer, After[T] | None]:
             whole = answer.start == 0 and answer.total == answer.filled
             if then is None or (whole_only and not whole):
                 return answer, None
             return answer, After.of(then, target[: answer.filled])
 
-        return await self._in_thread(self._gets, work)
+        parts = urlsplit(url)
+        if self._loop_gets.serves(parts.scheme, parts.netloc, len(target)):
+            return after(await self._loop_gets.get_into(url, headers, target))
+        return await self._in_thread(
+            self._gets, lambda transfer: after(get_into(self._pool, url, headers, target, transfer))
+        )
 
     async def put_from(self, url: str, headers: dict[str, str], body: list[memoryview]) -> str:
         """One PUT of ``body`` (not joined) to a presigned URL, in a thread; the ETag.

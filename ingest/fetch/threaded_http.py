@@ -57,7 +57,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from ingest import metrics
 from ingest.fetch.http_answer import (
@@ -213,6 +213,14 @@ class ConnectionPool:
     @property
     def read_timeout_s(self) -> float:
         return self._read_timeout
+
+    @property
+    def connect_timeout_s(self) -> float:
+        return self._connect_timeout
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        return self._ssl
 
 
 def _hung_up(conn: http.client.HTTPConnection) -> bool:
@@ -380,6 +388,16 @@ def _exchange(
         return exchange(lease)
 
 
+def host_header(parts: SplitResult) -> str:
+    """The ``Host`` a request to ``parts`` carries: the port only where it is not the
+    scheme's own, an IPv6 address in brackets."""
+    default_port = {"http": 80, "https": 443}.get(parts.scheme)
+    host = parts.hostname or "" if parts.port in (None, default_port) else parts.netloc
+    if ":" in host and not host.startswith("["):  # an IPv6 address
+        host = f"[{host}]"
+    return host
+
+
 class _Lease:
     """One request's connection from the pool: connected, timed out, abortable.
 
@@ -395,10 +413,7 @@ class _Lease:
         self._pool = pool
         self._where = (parts.scheme, parts.netloc)
         self._transfer = transfer
-        default_port = {"http": 80, "https": 443}.get(parts.scheme)
-        self.host = parts.hostname or "" if parts.port in (None, default_port) else parts.netloc
-        if ":" in self.host and not self.host.startswith("["):  # an IPv6 address
-            self.host = f"[{self.host}]"
+        self.host = host_header(parts)
         self.extra: dict[str, str] = {}  # headers for a forwarding proxy
         proxy = pool.proxy(*self._where)
         if proxy is not None and parts.scheme == "http":  # forwarded: the absolute URL

@@ -77,7 +77,7 @@ async def _process_version(ctx: Context, ref: ObjectRef) -> Processed:
     deflated_at: int | None = None
     parse = functools.partial(_parse_and_hash, settings=ctx.settings)
     try:
-        # a whole object is parsed in the GET's thread
+        # a whole object is parsed where its GET ran (the event loop or a GET thread)
         head, filled, parsed = await ctx.source.read_first_then(
             where, slot.view[: first.length], parse
         )

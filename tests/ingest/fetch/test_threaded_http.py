@@ -62,6 +62,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(STALL_S)
             self.close_connection = True
+        elif self.path.startswith("/trickle"):  # 16 KiB, 1 KiB every 50 ms
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes 0-{len(DATA) - 1}/{len(DATA)}")
+            self.send_header("Content-Length", str(len(DATA)))
+            self.end_headers()
+            for start in range(0, len(DATA), 1024):
+                self.wfile.write(DATA[start : start + 1024])
+                self.wfile.flush()
+                time.sleep(0.05)
         elif self.path.startswith("/short"):  # declares 16 KiB, sends 1 KiB, closes
             self.send_response(206)
             self.send_header("Content-Range", f"bytes 0-{len(DATA) - 1}/{len(DATA)}")

@@ -1,0 +1,261 @@
+"""``loop_http.py``: GETs on the event loop (uvloop, as the worker runs) against the same tiny
+local HTTP server as ``test_threaded_http.py``, with the same edges: a server that ignores
+``Range``, error answers, bodies cut short or stalled, keep-alive reuse and the server's
+hang-ups; and what only the event loop's GETs have: cancellation, and which GETs they take.
+
+The S3 faults through the fault proxy (``test_s3.py``) reach these GETs too: the worker's
+first GET of a small object is one of them. TLS is ``tests/system/test_security_tls.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Awaitable, Iterator
+from typing import TypeVar
+
+import pytest
+import uvloop
+
+from ingest.fetch.http_answer import Answer, BodyCut, HttpStatusError, NoAnswer, head_in
+from ingest.fetch.loop_http import LOOP_GET_BYTES, LoopGets
+from ingest.fetch.threaded_http import ConnectionPool
+from tests.ingest.fetch.test_threaded_http import (
+    BIG,
+    DATA,
+    IDLE_S,
+    STALL_S,
+    _Handler,
+    _IdleClosingHandler,
+    _serve,
+)
+
+T = TypeVar("T")
+
+
+class _Loop:
+    """One uvloop event loop and one ``LoopGets`` on it, for the length of a test."""
+
+    def __init__(self, read_timeout_s: float = 2.0) -> None:
+        self.pool = ConnectionPool(2.0, read_timeout_s, ssl.create_default_context())
+        self.gets = LoopGets(self.pool)
+        self._runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+    def run(self, work: Awaitable[T]) -> T:
+        async def wrapped() -> T:
+            return await work
+
+        return self._runner.run(wrapped())
+
+    def get(self, url: str, headers: dict[str, str], target: bytearray) -> Answer:
+        return self.run(self.gets.get_into(url, headers, memoryview(target)))
+
+    def close(self) -> None:
+        self.gets.close()
+        self._runner.close()
+        self.pool.close()
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    with _serve(_Handler) as url:
+        yield url
+
+
+@pytest.fixture
+def loop() -> Iterator[_Loop]:
+    made = _Loop()
+    yield made
+    made.close()
+
+
+def test_ranges_land_in_the_target_and_connections_are_reused(server: str, loop: _Loop) -> None:
+    for start in (0, 4096, 12288):
+        target = bytearray(4096)
+        answer = loop.run(
+            loop.gets.get_into(
+                f"{server}/obj?X-Amz-Signature=s",
+                {"Range": f"bytes={start}-{start + 4095}"},
+                memoryview(target),
+            )
+        )
+        assert bytes(target) == DATA[start : start + 4096]
+        assert (answer.status, answer.start, answer.total) == (206, start, len(DATA))
+        assert (answer.etag, answer.version_id, answer.filled) == ("abc", "v1", 4096)
+    assert loop.gets.opened == 1  # one keep-alive connection served all three
+
+
+def test_a_range_past_a_small_objects_end_gives_the_whole_object(server: str, loop: _Loop) -> None:
+    target = bytearray(1 << 20)
+    answer = loop.run(
+        loop.gets.get_into(f"{server}/obj", {"Range": "bytes=0-1048575"}, memoryview(target))
+    )
+    assert (answer.filled, answer.total) == (len(DATA), len(DATA))
+    assert bytes(target[: len(DATA)]) == DATA
+
+
+def test_a_server_that_ignores_range_is_read_up_to_the_target(server: str, loop: _Loop) -> None:
+    target = bytearray(100)
+    answer = loop.run(
+        loop.gets.get_into(f"{server}/norange", {"Range": "bytes=0-99"}, memoryview(target))
+    )
+    assert (answer.status, answer.filled, answer.total) == (200, 100, len(BIG))
+    assert bytes(target) == BIG[:100]
+    whole = bytearray(len(BIG))
+    loop.get(f"{server}/norange", {}, whole)
+    assert whole == BIG
+    assert loop.gets.opened == 2  # the unread rest of the first answer closed its connection
+
+
+def test_error_status_carries_the_s3_code(server: str, loop: _Loop) -> None:
+    with pytest.raises(HttpStatusError) as caught:
+        loop.get(f"{server}/error", {}, bytearray(10))
+    assert (caught.value.status, caught.value.code) == (503, "SlowDown")
+
+
+def test_a_chunked_error_answer_is_not_waited_for(server: str, loop: _Loop) -> None:
+    started = time.monotonic()
+    with pytest.raises(HttpStatusError) as caught:
+        loop.get(f"{server}/chunked-error", {}, bytearray(10))
+    assert (caught.value.status, caught.value.code) == (500, "InternalError")
+    assert time.monotonic() - started < 1.0  # not the 2 s read timeout
+
+
+def test_a_206_without_a_usable_content_range_is_refused(server: str, loop: _Loop) -> None:
+    with pytest.raises(HttpStatusError, match="Content-Range"):
+        loop.get(f"{server}/badrange", {"Range": "bytes=0-9"}, bytearray(10))
+
+
+def test_a_body_shorter_than_declared_is_cut_not_data(server: str, loop: _Loop) -> None:
+    with pytest.raises(BodyCut) as caught:
+        loop.get(f"{server}/short", {"Range": "bytes=0-"}, bytearray(len(DATA)))
+    assert (caught.value.filled, caught.value.expected) == (1024, len(DATA))
+
+
+def test_a_body_of_many_socket_reads_arrives_whole_and_reuses_the_connection(
+    server: str, loop: _Loop
+) -> None:
+    for _ in range(3):
+        target = bytearray(len(BIG))
+        answer = loop.run(
+            loop.gets.get_into(f"{server}/big", {"Range": "bytes=0-"}, memoryview(target))
+        )
+        assert (answer.status, answer.filled, answer.total) == (206, len(BIG), len(BIG))
+        assert target == BIG
+    assert loop.gets.opened == 1
+
+
+def test_a_body_that_stalls_times_out_instead_of_hanging(server: str) -> None:
+    quick = _Loop(read_timeout_s=0.3)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            quick.get(f"{server}/stall", {"Range": "bytes=0-"}, bytearray(len(DATA)))
+        assert time.monotonic() - started < STALL_S / 2
+    finally:
+        quick.close()
+
+
+def test_a_cancelled_get_returns_at_once_and_never_writes_its_target_again(
+    server: str, loop: _Loop
+) -> None:
+    target = bytearray(len(DATA))
+
+    async def cancelled() -> None:
+        get = asyncio.ensure_future(
+            loop.gets.get_into(f"{server}/trickle", {"Range": "bytes=0-"}, memoryview(target))
+        )
+        await asyncio.sleep(0.3)  # a few pieces in
+        get.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await get
+        seen = bytes(target)
+        await asyncio.sleep(0.5)  # the server goes on sending
+        assert bytes(target) == seen
+        assert 0 < len(seen.rstrip(b"\0")) < len(DATA)
+
+    started = time.monotonic()
+    loop.run(cancelled())
+    assert time.monotonic() - started < STALL_S / 2
+    answer = loop.run(
+        loop.gets.get_into(f"{server}/obj", {"Range": "bytes=0-9"}, memoryview(target))
+    )
+    assert answer.filled == 10
+    assert loop.gets.opened == 2  # the cancelled GET's connection was closed, not reused
+
+
+def test_idle_connections_the_server_closed_are_dropped_not_used() -> None:
+    with _serve(_IdleClosingHandler) as url:
+        loop = _Loop()
+        try:
+
+            async def many() -> None:
+                targets = [bytearray(10) for _ in range(4)]
+                await asyncio.gather(
+                    *(
+                        loop.gets.get_into(f"{url}/obj", {"Range": "bytes=0-9"}, memoryview(t))
+                        for t in targets
+                    )
+                )
+                await asyncio.sleep(IDLE_S * 3)  # the server closes all four
+
+            loop.run(many())
+            assert loop.gets.opened == 4
+            target = bytearray(4096)
+            answer = loop.get(f"{url}/obj", {"Range": "bytes=0-4095"}, target)
+            assert (answer.status, bytes(target)) == (206, DATA[:4096])
+            assert loop.gets.opened == 5  # each dead one seen as closed, one made
+        finally:
+            loop.close()
+
+
+def test_a_reused_connection_closed_as_the_request_arrives_is_replaced_once(
+    server: str, loop: _Loop
+) -> None:
+    for _ in range(2):  # a new connection; then the kept one hung up on, sent again
+        answer = loop.run(
+            loop.gets.get_into(
+                f"{server}/hangup-reused", {"Range": "bytes=0-99"}, memoryview(bytearray(100))
+            )
+        )
+        assert answer.status == 206
+    assert loop.gets.opened == 2
+
+
+def test_a_new_connection_that_ends_without_an_answer_fails_at_once(
+    server: str, loop: _Loop
+) -> None:
+    with pytest.raises(NoAnswer):
+        loop.get(f"{server}/hangup", {"Range": "bytes=0-9"}, bytearray(10))
+    assert loop.gets.opened == 1  # not sent again: only a reused connection's hang-up is
+
+
+def test_only_small_gets_to_endpoints_reached_directly_run_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    monkeypatch.setenv("NO_PROXY", "direct.example")
+    gets = LoopGets(ConnectionPool(2.0, 2.0, ssl.create_default_context()))
+    assert gets.serves("http", "s3.example:9000", LOOP_GET_BYTES)
+    assert not gets.serves("http", "s3.example:9000", LOOP_GET_BYTES + 1)  # the GET threads'
+    assert not gets.serves("https", "s3.example", 1000)  # through the proxy: the threads'
+    assert gets.serves("https", "direct.example", 1000)  # NO_PROXY: direct, TLS on the loop
+
+
+@pytest.mark.parametrize("cut", [1, 20, 47, 60])
+def test_an_interim_answer_is_skipped_however_the_head_arrives(cut: int) -> None:
+    answer = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b'HTTP/1.1 206 Partial Content\r\nContent-Length: 3\r\nETag: "e"\r\n\r\nabc'
+    )
+    buffer = bytearray(16 * 1024)
+    buffer[:cut] = answer[:cut]
+    head, filled = head_in(buffer, cut)
+    if head is None:  # incomplete: the rest arrives behind what is kept
+        buffer[filled : filled + len(answer) - cut] = answer[cut:]
+        head, filled = head_in(buffer, filled + len(answer) - cut)
+    assert head is not None
+    assert (head.status, head.headers["etag"], bytes(head.early)) == (206, '"e"', b"abc")
