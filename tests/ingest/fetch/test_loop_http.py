@@ -37,10 +37,11 @@ T = TypeVar("T")
 class _Loop:
     """One uvloop event loop and one ``LoopGets`` on it, for the length of a test."""
 
-    def __init__(self, read_timeout_s: float = 2.0) -> None:
+    def __init__(self, read_timeout_s: float = 2.0, *, plain_asyncio: bool = False) -> None:
         self.pool = ConnectionPool(2.0, read_timeout_s, ssl.create_default_context())
         self.gets = LoopGets(self.pool)
-        self._runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        factory = asyncio.new_event_loop if plain_asyncio else uvloop.new_event_loop
+        self._runner = asyncio.Runner(loop_factory=factory)
 
     def run(self, work: Awaitable[T]) -> T:
         async def wrapped() -> T:
@@ -183,6 +184,24 @@ def test_a_cancelled_get_returns_at_once_and_never_writes_its_target_again(
     )
     assert answer.filled == 10
     assert loop.gets.opened == 2  # the cancelled GET's connection was closed, not reused
+
+
+def test_asyncios_own_loop_reads_the_same_answers(server: str) -> None:
+    """Where uvloop is not installed (Windows) the worker runs on asyncio's own loop."""
+    loop = _Loop(plain_asyncio=True)
+    try:
+        for start in (0, 4096):
+            target = bytearray(4096)
+            loop.get(f"{server}/obj", {"Range": f"bytes={start}-{start + 4095}"}, target)
+            assert bytes(target) == DATA[start : start + 4096]
+        big = bytearray(len(BIG))
+        assert loop.get(f"{server}/big", {"Range": "bytes=0-"}, big).filled == len(BIG)
+        assert big == BIG
+        assert loop.gets.opened == 1
+        with pytest.raises(BodyCut):
+            loop.get(f"{server}/short", {"Range": "bytes=0-"}, bytearray(len(DATA)))
+    finally:
+        loop.close()
 
 
 def test_idle_connections_the_server_closed_are_dropped_not_used() -> None:
