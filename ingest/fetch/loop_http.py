@@ -25,7 +25,7 @@ import asyncio
 import time
 from collections import defaultdict
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from ingest import metrics
 from ingest.fetch.http_answer import (
@@ -54,11 +54,14 @@ class LoopGets:
     """GETs on the event loop over keep-alive connections of their own, per endpoint.
 
     ``pool`` (the GET threads' pool) says which endpoints go through a proxy,
-    and gives the TLS context and the timeouts. Use it on one event loop only.
+    and gives the TLS context and the timeouts. At most ``limit`` GETs are under
+    way at once (the others wait their turn), so the connections to an endpoint
+    stay as many as the GET threads'. Use it on one event loop only.
     """
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: ConnectionPool, limit: int) -> None:
         self._pool = pool
+        self._turns = asyncio.Semaphore(limit)
         self._idle: defaultdict[tuple[str, str], list[_Connection]] = defaultdict(list)
         self._open: set[_Connection] = set()
         self._closed = False
@@ -87,6 +90,12 @@ class LoopGets:
         where = (parts.scheme, parts.netloc)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         request = request_head("GET", path, host_header(parts), headers)
+        async with self._turns:
+            return await self._get(where, parts, request, target)
+
+    async def _get(
+        self, where: tuple[str, str], parts: SplitResult, request: bytes, target: memoryview
+    ) -> Answer:
         metrics.RANGES_IN_FLIGHT.inc()
         started = time.perf_counter()
         try:

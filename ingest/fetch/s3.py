@@ -184,7 +184,7 @@ class S3Source:
             ssl_context=ssl.create_default_context(cafile=ca_bundle(settings.s3_ca_bundle)),
         )
         # GETs that fit a small slot (a CT slice, a header probe) run on the event loop
-        self._loop_gets = LoopGets(self._pool)
+        self._loop_gets = LoopGets(self._pool, settings.fetch_concurrency)
 
     async def __aenter__(self) -> S3Source:
         s = self._settings

@@ -39,7 +39,7 @@ class _Loop:
 
     def __init__(self, read_timeout_s: float = 2.0, *, plain_asyncio: bool = False) -> None:
         self.pool = ConnectionPool(2.0, read_timeout_s, ssl.create_default_context())
-        self.gets = LoopGets(self.pool)
+        self.gets = LoopGets(self.pool, 16)
         factory = asyncio.new_event_loop if plain_asyncio else uvloop.new_event_loop
         self._runner = asyncio.Runner(loop_factory=factory)
 
@@ -250,6 +250,31 @@ def test_a_new_connection_that_ends_without_an_answer_fails_at_once(
     assert loop.gets.opened == 1  # not sent again: only a reused connection's hang-up is
 
 
+def test_gets_past_the_limit_wait_their_turn_on_the_connections_there_are(server: str) -> None:
+    pool = ConnectionPool(2.0, 2.0, ssl.create_default_context())
+    runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    targets = [bytearray(4096) for _ in range(6)]
+
+    async def six(gets: LoopGets) -> None:
+        await asyncio.gather(
+            *(
+                gets.get_into(f"{server}/obj", {"Range": "bytes=0-4095"}, memoryview(t))
+                for t in targets
+            )
+        )
+
+    try:
+        for limit, connections in ((2, 2), (6, 6)):
+            gets = LoopGets(pool, limit)
+            runner.run(six(gets))
+            assert all(bytes(t) == DATA[:4096] for t in targets)
+            assert gets.opened == connections
+            gets.close()
+    finally:
+        runner.close()
+        pool.close()
+
+
 def test_only_small_gets_to_endpoints_reached_directly_run_on_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -257,7 +282,7 @@ def test_only_small_gets_to_endpoints_reached_directly_run_on_the_loop(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
     monkeypatch.setenv("NO_PROXY", "direct.example")
-    gets = LoopGets(ConnectionPool(2.0, 2.0, ssl.create_default_context()))
+    gets = LoopGets(ConnectionPool(2.0, 2.0, ssl.create_default_context()), 16)
     assert gets.serves("http", "s3.example:9000", LOOP_GET_BYTES)
     assert not gets.serves("http", "s3.example:9000", LOOP_GET_BYTES + 1)  # the GET threads'
     assert not gets.serves("https", "s3.example", 1000)  # through the proxy: the threads'
