@@ -182,6 +182,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._body: Body | None = None
         self._error = bytearray()
         self._moved = 0.0  # loop time of the last bytes received
+        self._timer: asyncio.TimerHandle | None = None  # the read timeout's next check
         self.usable = False
 
     # -- the caller's side
@@ -197,11 +198,11 @@ class _Connection(asyncio.BufferedProtocol):
         self._target, self._filled, self._head, self._body = target, 0, None, None
         self._moved = loop.time()
         self._transport.write(request)
-        timer = loop.call_later(read_timeout_s, self._check_moved, read_timeout_s)
+        self._timer = loop.call_later(read_timeout_s, self._check_moved, read_timeout_s)
         try:
             return await self._waiter
         finally:
-            timer.cancel()
+            self._timer.cancel()
             self._waiter = None
             self._target = self._scratch  # never written after this returns
 
@@ -217,7 +218,7 @@ class _Connection(asyncio.BufferedProtocol):
         loop = asyncio.get_running_loop()
         still = loop.time() - self._moved
         if still < read_timeout_s:
-            loop.call_later(read_timeout_s - still, self._check_moved, read_timeout_s)
+            self._timer = loop.call_later(read_timeout_s - still, self._check_moved, read_timeout_s)
             return
         self._fail(TimeoutError(f"no answer bytes for {read_timeout_s:g} s"))
 

@@ -158,6 +158,20 @@ def test_a_body_that_stalls_times_out_instead_of_hanging(server: str) -> None:
         quick.close()
 
 
+def test_a_body_that_keeps_coming_slowly_is_not_timed_out(server: str) -> None:
+    """The read timeout is a silence that long, not a deadline: 16 KiB a KiB every 50 ms
+    take 0.8 s, past a 0.3 s read timeout, and arrive whole."""
+    quick = _Loop(read_timeout_s=0.3)
+    try:
+        target = bytearray(len(DATA))
+        started = time.monotonic()
+        answer = quick.get(f"{server}/trickle", {"Range": "bytes=0-"}, target)
+        assert time.monotonic() - started > 0.3
+        assert (answer.filled, bytes(target)) == (len(DATA), DATA)
+    finally:
+        quick.close()
+
+
 def test_a_cancelled_get_returns_at_once_and_never_writes_its_target_again(
     server: str, loop: _Loop
 ) -> None:
