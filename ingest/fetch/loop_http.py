@@ -1,4 +1,4 @@
-"""Small GETs on the event loop: an object's first GET, when it fits a small slot.
+"""Small GETs on the event loop: those that fit a small slot (a slice, a header probe).
 
 A GET on a thread (``threaded_http``) hands the GIL back and forth with the
 event loop at every step (the queue, the send, the head, the body, the

@@ -203,9 +203,9 @@ class Settings:
         integer(1, 512),
         (
             "ranged GETs in flight, all objects together: the GET threads, each of which takes "
-            "the next queued range as it finishes one. An object's first GET of up to 1 MiB "
-            "(a slice, a header probe) runs on the event loop instead, where as many may be "
-            "under way besides"
+            "the next queued range as it finishes one. A GET of up to 1 MiB (a slice, a "
+            "header probe, a short last range) runs on the event loop instead, where as many "
+            "may be under way besides"
         ),
     )
     max_objects_in_flight: int = tuning(
