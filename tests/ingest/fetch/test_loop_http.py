@@ -21,15 +21,7 @@ import uvloop
 from ingest.fetch.http_answer import Answer, BodyCut, HttpStatusError, NoAnswer, head_in
 from ingest.fetch.loop_http import LOOP_GET_BYTES, LoopGets
 from ingest.fetch.threaded_http import ConnectionPool
-from tests.ingest.fetch.test_threaded_http import (
-    BIG,
-    DATA,
-    IDLE_S,
-    STALL_S,
-    _Handler,
-    _IdleClosingHandler,
-    _serve,
-)
+from tests.ingest.fetch.http_server import BIG, DATA, IDLE_S, STALL_S
 
 T = TypeVar("T")
 
@@ -56,12 +48,6 @@ class _Loop:
         self.gets.close()
         self._runner.close()
         self.pool.close()
-
-
-@pytest.fixture
-def server() -> Iterator[str]:
-    with _serve(_Handler) as url:
-        yield url
 
 
 @pytest.fixture
@@ -218,29 +204,24 @@ def test_asyncios_own_loop_reads_the_same_answers(server: str) -> None:
         loop.close()
 
 
-def test_idle_connections_the_server_closed_are_dropped_not_used() -> None:
-    with _serve(_IdleClosingHandler) as url:
-        loop = _Loop()
-        try:
+def test_idle_connections_the_server_closed_are_dropped_not_used(
+    idle_closing_server: str, loop: _Loop
+) -> None:
+    url = f"{idle_closing_server}/obj"
 
-            async def many() -> None:
-                targets = [bytearray(10) for _ in range(4)]
-                await asyncio.gather(
-                    *(
-                        loop.gets.get_into(f"{url}/obj", {"Range": "bytes=0-9"}, memoryview(t))
-                        for t in targets
-                    )
-                )
-                await asyncio.sleep(IDLE_S * 3)  # the server closes all four
+    async def four_then_quiet() -> None:
+        targets = [bytearray(10) for _ in range(4)]
+        await asyncio.gather(
+            *(loop.gets.get_into(url, {"Range": "bytes=0-9"}, memoryview(t)) for t in targets)
+        )
+        await asyncio.sleep(IDLE_S * 3)  # the server closes all four
 
-            loop.run(many())
-            assert loop.gets.opened == 4
-            target = bytearray(4096)
-            answer = loop.get(f"{url}/obj", {"Range": "bytes=0-4095"}, target)
-            assert (answer.status, bytes(target)) == (206, DATA[:4096])
-            assert loop.gets.opened == 5  # each dead one seen as closed, one made
-        finally:
-            loop.close()
+    loop.run(four_then_quiet())
+    assert loop.gets.opened == 4
+    target = bytearray(4096)
+    answer = loop.get(url, {"Range": "bytes=0-4095"}, target)
+    assert (answer.status, bytes(target)) == (206, DATA[:4096])
+    assert loop.gets.opened == 5  # each dead one seen as closed, one made
 
 
 def test_a_reused_connection_closed_as_the_request_arrives_is_replaced_once(

@@ -8,148 +8,17 @@ usable ``Content-Range``, a body shorter than declared, keep-alive reuse.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import pytest
 
 from ingest.fetch.http_answer import BodyCut, HttpStatusError, NoAnswer, request_head
 from ingest.fetch.threaded_http import ConnectionPool, Transfer, get_into, put_from
-
-DATA = bytes(range(256)) * 64  # 16 KiB
-BIG = bytes(range(251)) * (4 * 1024 * 1024 // 251)  # ~4 MiB: read past the response's buffer
-STALL_S = 3.0
-IDLE_S = 0.2
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive
-    received: ClassVar[list[bytes]] = []
-
-    def log_message(self, format: str, *args: object) -> None:  # quiet
-        return
-
-    def do_GET(self) -> None:
-        if self._hang_up():
-            return
-        if self.path.startswith("/error"):
-            body = b"<Error><Code>SlowDown</Code><Message>later</Message></Error>"
-            self._answer(503, body, {})
-        elif self.path.startswith("/norange"):  # ignores Range: the whole body, 200
-            self._answer(200, BIG, {"ETag": '"abc"'})
-        elif self.path.startswith("/badrange"):
-            self._answer(206, DATA[:10], {"Content-Range": "bytes nonsense"})
-        elif self.path.startswith("/chunked-error"):  # chunked, and the connection stays open
-            body = b"<Error><Code>InternalError</Code></Error>"
-            self.send_response(500)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
-        elif self.path.startswith("/big"):
-            self._answer(206, BIG, {"Content-Range": f"bytes 0-{len(BIG) - 1}/{len(BIG)}"})
-        elif self.path.startswith("/stall"):  # declares 16 KiB, sends 1 KiB, goes quiet
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes 0-{len(DATA) - 1}/{len(DATA)}")
-            self.send_header("Content-Length", str(len(DATA)))
-            self.end_headers()
-            self.wfile.write(DATA[:1024])
-            self.wfile.flush()
-            time.sleep(STALL_S)
-            self.close_connection = True
-        elif self.path.startswith("/trickle"):  # 16 KiB, 1 KiB every 50 ms
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes 0-{len(DATA) - 1}/{len(DATA)}")
-            self.send_header("Content-Length", str(len(DATA)))
-            self.end_headers()
-            for start in range(0, len(DATA), 1024):
-                self.wfile.write(DATA[start : start + 1024])
-                self.wfile.flush()
-                time.sleep(0.05)
-        elif self.path.startswith("/short"):  # declares 16 KiB, sends 1 KiB, closes
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes 0-{len(DATA) - 1}/{len(DATA)}")
-            self.send_header("Content-Length", str(len(DATA)))
-            self.end_headers()
-            self.wfile.write(DATA[:1024])
-            self.close_connection = True
-        else:
-            first, _, last = self.headers["Range"].removeprefix("bytes=").partition("-")
-            start, end = int(first), min(int(last), len(DATA) - 1)
-            headers = {
-                "Content-Range": f"bytes {start}-{end}/{len(DATA)}",
-                "ETag": '"abc"',
-                "x-amz-version-id": "v1",
-            }
-            self._answer(206, DATA[start : end + 1], headers)
-
-    def do_PUT(self) -> None:
-        length = int(self.headers["Content-Length"])
-        body = self.rfile.read(length)
-        if self._hang_up():
-            return
-        _Handler.received.append(body)
-        self._answer(200, b"", {"ETag": '"put-etag"'})
-
-    def _hang_up(self) -> bool:
-        """``/hangup``: close without answering; ``/hangup-reused``: the same, but only on a
-        connection that served a request before (a keep-alive server closing an idle
-        connection as the next request arrives)."""
-        self.served = getattr(self, "served", 0) + 1
-        if self.path.startswith("/hangup-reused") and self.served == 1:
-            return False
-        if self.path.startswith("/hangup"):
-            self.close_connection = True
-            return True
-        return False
-
-    def _answer(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-class _IdleClosingHandler(_Handler):
-    """Closes a keep-alive connection idle for ``IDLE_S``, as SeaweedFS does after 120 s."""
-
-    timeout = IDLE_S
-
-
-class _Server(ThreadingHTTPServer):
-    def handle_error(self, request: object, client_address: object) -> None:
-        return  # clients here hang up on purpose (cut bodies, aborts): not news
-
-
-@contextlib.contextmanager
-def _serve(handler: type[_Handler]) -> Iterator[str]:
-    httpd = _Server(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-@pytest.fixture
-def server() -> Iterator[str]:
-    with _serve(_Handler) as url:
-        yield url
-
-
-@pytest.fixture
-def idle_closing_server() -> Iterator[str]:
-    with _serve(_IdleClosingHandler) as url:
-        yield url
+from tests.ingest.fetch.http_server import BIG, DATA, IDLE_S, STALL_S, Handler
 
 
 @pytest.fixture
@@ -267,10 +136,10 @@ def test_an_abort_ends_a_body_read_in_progress(server: str, pool: ConnectionPool
 
 
 def test_put_sends_the_pieces_in_order_without_joining(server: str, pool: ConnectionPool) -> None:
-    _Handler.received.clear()
+    Handler.received.clear()
     pieces = [memoryview(b"header:"), memoryview(DATA), memoryview(b":end")]
     assert put_from(pool, f"{server}/out.npy", {}, pieces) == '"put-etag"'
-    assert _Handler.received == [b"header:" + DATA + b":end"]
+    assert Handler.received == [b"header:" + DATA + b":end"]
 
 
 def test_an_aborted_transfer_never_begins_and_a_begun_one_is_shut() -> None:
