@@ -1,10 +1,10 @@
-"""``loop_http.py``: GETs on the event loop (uvloop, as the worker runs) against the same tiny
-local HTTP server as ``test_threaded_http.py``, with the same edges: a server that ignores
-``Range``, error answers, bodies cut short or stalled, keep-alive reuse and the server's
-hang-ups; and what only the event loop's GETs have: cancellation, and which GETs they take.
-
-The S3 faults through the fault proxy (``test_s3.py``) reach these GETs too: the worker's
-first GET of a small object is one of them. TLS is ``tests/system/test_security_tls.py``'s.
+"""``loop_http.py``: what only the event loop's GETs have, against the tiny local HTTP
+server (``http_server.py``): the read timeout as a silence, cancellation, the server's
+hang-ups seen while idle, the bound on GETs under way, asyncio's own loop, and which GETs
+come here. The HTTP edges every GET must meet are tested on both GET clients in
+``test_get_clients.py``. The S3 faults through the fault proxy (``test_s3.py``) reach
+these GETs too, a small object's GET being one of them; TLS is
+``tests/system/test_security_tls.py``'s.
 """
 
 from __future__ import annotations
@@ -12,142 +12,29 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Awaitable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 import pytest
 import uvloop
 
-from ingest.fetch.http_answer import Answer, BodyCut, HttpStatusError, NoAnswer, head_in
+from ingest.fetch.http_answer import BodyCut, head_in
 from ingest.fetch.loop_http import LOOP_GET_BYTES, LoopGets
 from ingest.fetch.threaded_http import ConnectionPool
+from tests.ingest.fetch.get_clients import OnLoop
 from tests.ingest.fetch.http_server import BIG, DATA, IDLE_S, STALL_S
-
-T = TypeVar("T")
-
-
-class _Loop:
-    """One uvloop event loop and one ``LoopGets`` on it, for the length of a test."""
-
-    def __init__(self, read_timeout_s: float = 2.0, *, plain_asyncio: bool = False) -> None:
-        self.pool = ConnectionPool(2.0, read_timeout_s, ssl.create_default_context())
-        self.gets = LoopGets(self.pool, 16)
-        factory = asyncio.new_event_loop if plain_asyncio else uvloop.new_event_loop
-        self._runner = asyncio.Runner(loop_factory=factory)
-
-    def run(self, work: Awaitable[T]) -> T:
-        async def wrapped() -> T:
-            return await work
-
-        return self._runner.run(wrapped())
-
-    def get(self, url: str, headers: dict[str, str], target: bytearray) -> Answer:
-        return self.run(self.gets.get_into(url, headers, memoryview(target)))
-
-    def close(self) -> None:
-        self.gets.close()
-        self._runner.close()
-        self.pool.close()
 
 
 @pytest.fixture
-def loop() -> Iterator[_Loop]:
-    made = _Loop()
+def loop() -> Iterator[OnLoop]:
+    made = OnLoop()
     yield made
     made.close()
-
-
-def test_ranges_land_in_the_target_and_connections_are_reused(server: str, loop: _Loop) -> None:
-    for start in (0, 4096, 12288):
-        target = bytearray(4096)
-        answer = loop.run(
-            loop.gets.get_into(
-                f"{server}/obj?X-Amz-Signature=s",
-                {"Range": f"bytes={start}-{start + 4095}"},
-                memoryview(target),
-            )
-        )
-        assert bytes(target) == DATA[start : start + 4096]
-        assert (answer.status, answer.start, answer.total) == (206, start, len(DATA))
-        assert (answer.etag, answer.version_id, answer.filled) == ("abc", "v1", 4096)
-    assert loop.gets.opened == 1  # one keep-alive connection served all three
-
-
-def test_a_range_past_a_small_objects_end_gives_the_whole_object(server: str, loop: _Loop) -> None:
-    target = bytearray(1 << 20)
-    answer = loop.run(
-        loop.gets.get_into(f"{server}/obj", {"Range": "bytes=0-1048575"}, memoryview(target))
-    )
-    assert (answer.filled, answer.total) == (len(DATA), len(DATA))
-    assert bytes(target[: len(DATA)]) == DATA
-
-
-def test_a_server_that_ignores_range_is_read_up_to_the_target(server: str, loop: _Loop) -> None:
-    target = bytearray(100)
-    answer = loop.run(
-        loop.gets.get_into(f"{server}/norange", {"Range": "bytes=0-99"}, memoryview(target))
-    )
-    assert (answer.status, answer.filled, answer.total) == (200, 100, len(BIG))
-    assert bytes(target) == BIG[:100]
-    whole = bytearray(len(BIG))
-    loop.get(f"{server}/norange", {}, whole)
-    assert whole == BIG
-    assert loop.gets.opened == 2  # the unread rest of the first answer closed its connection
-
-
-def test_error_status_carries_the_s3_code(server: str, loop: _Loop) -> None:
-    with pytest.raises(HttpStatusError) as caught:
-        loop.get(f"{server}/error", {}, bytearray(10))
-    assert (caught.value.status, caught.value.code) == (503, "SlowDown")
-
-
-def test_a_chunked_error_answer_is_not_waited_for(server: str, loop: _Loop) -> None:
-    started = time.monotonic()
-    with pytest.raises(HttpStatusError) as caught:
-        loop.get(f"{server}/chunked-error", {}, bytearray(10))
-    assert (caught.value.status, caught.value.code) == (500, "InternalError")
-    assert time.monotonic() - started < 1.0  # not the 2 s read timeout
-
-
-def test_a_206_without_a_usable_content_range_is_refused(server: str, loop: _Loop) -> None:
-    with pytest.raises(HttpStatusError, match="Content-Range"):
-        loop.get(f"{server}/badrange", {"Range": "bytes=0-9"}, bytearray(10))
-
-
-def test_a_body_shorter_than_declared_is_cut_not_data(server: str, loop: _Loop) -> None:
-    with pytest.raises(BodyCut) as caught:
-        loop.get(f"{server}/short", {"Range": "bytes=0-"}, bytearray(len(DATA)))
-    assert (caught.value.filled, caught.value.expected) == (1024, len(DATA))
-
-
-def test_a_body_of_many_socket_reads_arrives_whole_and_reuses_the_connection(
-    server: str, loop: _Loop
-) -> None:
-    for _ in range(3):
-        target = bytearray(len(BIG))
-        answer = loop.run(
-            loop.gets.get_into(f"{server}/big", {"Range": "bytes=0-"}, memoryview(target))
-        )
-        assert (answer.status, answer.filled, answer.total) == (206, len(BIG), len(BIG))
-        assert target == BIG
-    assert loop.gets.opened == 1
-
-
-def test_a_body_that_stalls_times_out_instead_of_hanging(server: str) -> None:
-    quick = _Loop(read_timeout_s=0.3)
-    try:
-        started = time.monotonic()
-        with pytest.raises(TimeoutError):
-            quick.get(f"{server}/stall", {"Range": "bytes=0-"}, bytearray(len(DATA)))
-        assert time.monotonic() - started < STALL_S / 2
-    finally:
-        quick.close()
 
 
 def test_a_body_that_keeps_coming_slowly_is_not_timed_out(server: str) -> None:
     """The read timeout is a silence that long, not a deadline: 16 KiB a KiB every 50 ms
     take 0.8 s, past a 0.3 s read timeout, and arrive whole."""
-    quick = _Loop(read_timeout_s=0.3)
+    quick = OnLoop(read_timeout_s=0.3)
     try:
         target = bytearray(len(DATA))
         started = time.monotonic()
@@ -159,7 +46,7 @@ def test_a_body_that_keeps_coming_slowly_is_not_timed_out(server: str) -> None:
 
 
 def test_a_cancelled_get_returns_at_once_and_never_writes_its_target_again(
-    server: str, loop: _Loop
+    server: str, loop: OnLoop
 ) -> None:
     target = bytearray(len(DATA))
 
@@ -188,7 +75,7 @@ def test_a_cancelled_get_returns_at_once_and_never_writes_its_target_again(
 
 def test_asyncios_own_loop_reads_the_same_answers(server: str) -> None:
     """Where uvloop is not installed (Windows) the worker runs on asyncio's own loop."""
-    loop = _Loop(plain_asyncio=True)
+    loop = OnLoop(plain_asyncio=True)
     try:
         for start in (0, 4096):
             target = bytearray(4096)
@@ -205,7 +92,7 @@ def test_asyncios_own_loop_reads_the_same_answers(server: str) -> None:
 
 
 def test_idle_connections_the_server_closed_are_dropped_not_used(
-    idle_closing_server: str, loop: _Loop
+    idle_closing_server: str, loop: OnLoop
 ) -> None:
     url = f"{idle_closing_server}/obj"
 
@@ -222,27 +109,6 @@ def test_idle_connections_the_server_closed_are_dropped_not_used(
     answer = loop.get(url, {"Range": "bytes=0-4095"}, target)
     assert (answer.status, bytes(target)) == (206, DATA[:4096])
     assert loop.gets.opened == 5  # each dead one seen as closed, one made
-
-
-def test_a_reused_connection_closed_as_the_request_arrives_is_replaced_once(
-    server: str, loop: _Loop
-) -> None:
-    for _ in range(2):  # a new connection; then the kept one hung up on, sent again
-        answer = loop.run(
-            loop.gets.get_into(
-                f"{server}/hangup-reused", {"Range": "bytes=0-99"}, memoryview(bytearray(100))
-            )
-        )
-        assert answer.status == 206
-    assert loop.gets.opened == 2
-
-
-def test_a_new_connection_that_ends_without_an_answer_fails_at_once(
-    server: str, loop: _Loop
-) -> None:
-    with pytest.raises(NoAnswer):
-        loop.get(f"{server}/hangup", {"Range": "bytes=0-9"}, bytearray(10))
-    assert loop.gets.opened == 1  # not sent again: only a reused connection's hang-up is
 
 
 def test_gets_past_the_limit_wait_their_turn_on_the_connections_there_are(server: str) -> None:
