@@ -43,9 +43,10 @@ from ingest.fetch.http_answer import (
     head_in,
     request_head,
 )
+from ingest.fetch.ring import SMALL_SLOT_SIZE
 from ingest.fetch.threaded_http import ConnectionPool, host_header
 
-LOOP_GET_BYTES = 1024 * 1024  # a small slot: a 512x512 16-bit slice and its header
+LOOP_GET_BYTES = SMALL_SLOT_SIZE  # a 512x512 16-bit slice and its header
 _SCRATCH = 64  # what an idle connection is given to read into (anything read there is wrong)
 _FETCH_SECONDS = metrics.STAGE_SECONDS.labels("fetch")  # as the GET threads' calls are timed
 
