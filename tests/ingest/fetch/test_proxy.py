@@ -207,7 +207,7 @@ def test_an_https_endpoint_is_reached_through_a_connect_tunnel(
     serving.load_cert_chain(cert, key)
     server.socket = serving.wrap_socket(server.socket, server_side=True)
     port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "https_proxy"):
