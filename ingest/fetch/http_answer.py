@@ -1,13 +1,16 @@
 """One GET's answer, read on the socket: status line, headers, then the body into caller memory.
 
 ``threaded_http.get_into`` writes a request with ``request_head`` and reads the
-answer with ``read_answer``. ``http.client``'s request and response objects
-(header building, ``email``-based parsing) cost more CPU per request, GIL held
-(``python -m ingest.bench.diagnostics.request_cost`` measures the whole request,
-client and a loopback server together), which the reader threads take from the
-device thread. What S3 answers a GET is small and regular: one status line, a
-few headers, then a body of a known length. The body is received straight into
-the caller's memory, in one ``recv(MSG_WAITALL)`` on plain connections.
+answer with ``read_answer``; the event loop's GETs (``loop_http``) read theirs
+as bytes arrive with the same pieces (``head_in``, ``data_body``,
+``error_body_done``), so both take and refuse an answer alike. ``http.client``'s
+request and response objects (header building, ``email``-based parsing) cost more
+CPU per request, GIL held (``python -m ingest.bench.diagnostics.request_cost``
+measures the whole request, client and a loopback server together), which the
+reader threads take from the device thread. What S3 answers a GET is small and
+regular: one status line, a few headers, then a body of a known length. The body
+is received straight into the caller's memory, in one ``recv(MSG_WAITALL)`` on
+plain connections.
 
 Failures: ``HttpStatusError`` (an error status, or a data answer S3 would not
 send), ``BodyCut`` (the body ended or broke before its length), ``NoAnswer``
@@ -277,7 +280,7 @@ def error_body_wanted(head: Head) -> int:
 def error_body_done(head: Head, body: bytes | bytearray) -> bool:
     """Whether ``body`` is all of an error answer's body there is to read.
 
-    A chunked body is read to its last chunk (``0\r\n\r\n``), not to the
+    A chunked body is read to its last chunk (``0\\r\\n\\r\\n``), not to the
     connection's end, which a keep-alive server never sends; chunk-size lines
     stay in, the error code is found by a search.
     """
