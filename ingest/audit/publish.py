@@ -56,9 +56,10 @@ from ingest.source.kafka import Publisher, make_producer
 
 log = structlog.get_logger("dicom_ingest.audit")
 STOP_TIMEOUT_S = 10.0
-# Messages a group at most: about one producer batch of sealed records (16 KiB), so a
-# group does not wait on the producer's own batches while the results wait behind it
-MAX_GROUP = 16
+# Messages a group at most. A process's objects in flight (64 by default) each wait for
+# their audit record's round trip, so a group takes what one round trip can: 64 sealed
+# records (2-3.5 KB each) go in a few of the producer's batches (``make_producer``)
+MAX_GROUP = 64
 
 
 def _now() -> str:

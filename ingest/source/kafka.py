@@ -31,6 +31,9 @@ from ingest.settings import PREFIX, Settings
 from ingest.source.offsets import Partition
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# A partition's records in one produce request at most (aiokafka's default is 16 KiB):
+# a group of sealed audit records (``ingest.audit.publish.MAX_GROUP``) in two to four
+MAX_BATCH_BYTES = 64 * 1024
 
 
 def make_consumer(settings: Settings) -> AIOKafkaConsumer:
@@ -59,6 +62,7 @@ def make_producer(settings: Settings) -> AIOKafkaProducer:
         client_id=f"dicom-ingest-{settings.worker_id}",
         acks="all",
         linger_ms=2,
+        max_batch_size=MAX_BATCH_BYTES,
         max_request_size=MAX_MESSAGE_BYTES,
         **client_security(settings),
     )
