@@ -172,7 +172,7 @@ class Worker:
             stack.push_async_callback(self._member.aclose)  # idempotent; again below
             # The device's set-up and the ring's (pinned) memory come on the device
             # thread while the clients start here.
-            thread = DeviceThread(s.device)
+            thread = DeviceThread(s.device, jpeg=s.jpeg_decoder)
             self.health.device_busy_s, self.health.device_stall_s = thread.busy_s, s.device_stall_s
             ready = asyncio.wrap_future(thread.launch())
             stack.push_async_callback(anyio.to_thread.run_sync, thread.close)  # idempotent

@@ -19,9 +19,10 @@ which in a busy worker costs most of the decode's rate. Facts this relies on:
   returns.
 - A frame that cannot be decoded reports its own failure (its neighbours are
   unaffected); the frames the hardware and CUDA decoders refuse get a second call
-  with the hybrid and CPU ones (``BACKENDS``). An output image too small for what a
-  codestream declares fails the whole call. So each frame's declared size, channels and sample
-  width are checked against the job's format first; a frame that disagrees,
+  with the hybrid and CPU ones (``BACKENDS``, ``FALLBACK_BACKENDS``). An output image
+  too small for what a codestream declares fails the whole call. So each frame's
+  declared size, channels and sample width are checked against the job's format
+  first; a frame that disagrees,
   and one that fails, fail their job alone with ``DeviceDecodeError``, which the
   caller answers by decoding on the CPU.
 - The wrapped arena memory is ours: nvImageCodec allocates no output image,
@@ -58,16 +59,24 @@ from ingest_gpu import nvimgcodec_api as api
 from ingest_gpu.formats import PixelFormat
 
 Colour = Literal["unchanged", "rgb"]  # keep the codestream's samples; or convert YCbCr to RGB
+JpegDecoder = Literal["hardware", "cuda"]  # which of nvImageCodec's JPEG decoders goes first
 Parsed = api.CodeStream  # a frame's codestream, made and checked against its header
 MAX_KEPT_IMAGES: Final = 8192  # places in the arena whose output image is kept for the next batches
 # fancy upsampling: 4:2:2 chroma interpolated as libjpeg does it (pydicom's decoders)
 OPTIONS: Final = ":fancy_upsampling=1"
-# nvImageCodec's backends, in order: the hardware JPEG decoder, then the CUDA decoders
-# (nvJPEG's, nvJPEG2000's), whatever the hardware one leaves. Not the hybrid and CPU
-# ones that every backend would add to the same call: in a worker, whose own threads
-# and the servers share the host, they took most of a slide's 512-pixel tiles at 900
-# CPU us each (98 with these two) and made the decode slower, not faster.
-BACKENDS: Final = (api.HW_GPU_ONLY, api.GPU_ONLY)
+# nvImageCodec's backends, in order, by the JPEG decoder that goes first: the GPU's
+# hardware JPEG engines (the least CPU a frame for one process), or the CUDA decoders
+# (nvJPEG's, nvJPEG2000's; where several processes share a GPU, its engines were
+# contended: eight processes decoded CT slices at twice to three times the rate with
+# the CUDA decoder); each takes what the first leaves. HTJ2K and JPEG 2000 frames go
+# to the CUDA decoder either way. Not the hybrid and CPU ones that every backend would
+# add to the same call: in a worker, whose own threads and the servers share the host,
+# they took most of a slide's 512-pixel tiles at 900 CPU us each (98 with these two)
+# and made the decode slower, not faster.
+BACKENDS: Final[dict[JpegDecoder, tuple[int, ...]]] = {
+    "hardware": (api.HW_GPU_ONLY, api.GPU_ONLY),
+    "cuda": (api.GPU_ONLY, api.HW_GPU_ONLY),
+}
 # the frames those two refuse (some small or unusual JPEGs the CUDA decoder fails on)
 # get a second call with the backends that decode them, before the CPU path
 FALLBACK_BACKENDS: Final = (api.HYBRID_CPU_GPU, api.CPU_ONLY)
@@ -132,16 +141,18 @@ def nvimgcodec_unavailable_reason() -> str | None:
 
 class NvDecoder:
     """One nvImageCodec decoder on the device thread; created there, at the first
-    encoded job.
+    encoded job. ``jpeg``: the JPEG decoder that goes first (``BACKENDS``).
 
     Raises (constructor):
         api.NvImageCodecError: nvImageCodec is not installed, or cannot start.
     """
 
-    def __init__(self, device_index: int, stats: dict[str, int | float]) -> None:
+    def __init__(
+        self, device_index: int, stats: dict[str, int | float], jpeg: JpegDecoder = "hardware"
+    ) -> None:
         self._lib = api.library()
         self._device_index = device_index
-        self._decoder = api.Decoder(device_index, options=OPTIONS, backends=BACKENDS)
+        self._decoder = api.Decoder(device_index, options=OPTIONS, backends=BACKENDS[jpeg])
         self._fallback: api.Decoder | None = None  # made at the first frame it is needed for
         self._stats = stats
         self._images: dict[tuple[int, api.Declared, Colour, int], api.Image] = {}

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ingest_gpu.decode import JpegDecoder
 from ingest_gpu.jobs import ChunkJob, ChunkResult, CpuRunner, Runner, consume, deliver
 from ingest_gpu.memory import COUNTERS, HostBuffer, alloc_host
 
@@ -57,14 +58,17 @@ class _Work:
 
 
 class DeviceThread:
-    """Owns the device; use as a context manager or ``start()`` / ``close()``.
+    """Owns the device; use as a context manager or ``start()`` / ``close()``. ``jpeg``:
+    the JPEG decoder nvImageCodec tries first (``ingest_gpu.decode.BACKENDS``).
 
     Raises (constructor):
         ValueError: ``device`` is not auto, cuda or cpu.
         RuntimeError: ``device="cuda"`` where CUDA is not usable.
     """
 
-    def __init__(self, device: Device = "auto", *, device_index: int = 0) -> None:
+    def __init__(
+        self, device: Device = "auto", *, device_index: int = 0, jpeg: JpegDecoder = "hardware"
+    ) -> None:
         if device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device must be auto, cuda or cpu, not {device!r}")
         backend = "cpu"
@@ -75,7 +79,7 @@ class DeviceThread:
             elif device == "cuda":
                 raise RuntimeError(f"device 'cuda' was asked for, but {why}")
         self.backend: str = backend
-        self._device_index = device_index
+        self._device_index, self._jpeg = device_index, jpeg
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -240,7 +244,7 @@ class DeviceThread:
             if self.backend == "cuda":
                 from ingest_gpu.transfer import CudaRunner
 
-                self._runner = CudaRunner(self._device_index)
+                self._runner = CudaRunner(self._device_index, self._jpeg)
             else:
                 self._runner = CpuRunner()
         except BaseException as exc:

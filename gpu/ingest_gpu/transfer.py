@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ingest_gpu import driver, kernel
-from ingest_gpu.decode import DeviceDecodeError, NvDecoder
+from ingest_gpu.decode import DeviceDecodeError, JpegDecoder, NvDecoder
 from ingest_gpu.enqueue import Enqueue
 from ingest_gpu.formats import pitched_frames
 from ingest_gpu.jobs import ChunkJob, ChunkResult, arena_nbytes, consume, host_bytes
@@ -97,11 +97,12 @@ class _Arena:
 
 class CudaRunner:
     """Owns the device's context, one non-blocking stream and the staging arenas
-    (device thread only)."""
+    (device thread only); ``jpeg``: the JPEG decoder nvImageCodec tries first."""
 
     backend = "cuda"
 
-    def __init__(self, device_index: int = 0) -> None:
+    def __init__(self, device_index: int = 0, jpeg: JpegDecoder = "hardware") -> None:
+        self._jpeg = jpeg
         self._context = driver.primary_context(device_index)  # current on this thread
         self.stream = driver.Stream(self._context)
         self._stats: dict[str, int | float] = dict.fromkeys(
@@ -155,7 +156,7 @@ class CudaRunner:
         (``ingest_gpu.decode``)."""
         if self._decoder is None:
             try:
-                self._decoder = NvDecoder(self._context.device_index, self._stats)
+                self._decoder = NvDecoder(self._context.device_index, self._stats, self._jpeg)
             except Exception as exc:  # not installed, or it cannot start: the CPU decodes
                 failure = DeviceDecodeError(f"nvImageCodec is unavailable ({exc})")
                 self._decoder = failure

@@ -14,7 +14,10 @@ Child ``i`` (0-based) differs from its siblings only in:
   and its own audit hash chain;
 - ``DICOM_INGEST_HEALTH_PORT`` = the configured port + ``i``, where one is set
   (the parent serves no health endpoint itself);
-- ``CUDA_VISIBLE_DEVICES`` = ``GPUS[i mod len(GPUS)]`` with ``--gpus``.
+- ``CUDA_VISIBLE_DEVICES`` = ``GPUS[i mod len(GPUS)]`` with ``--gpus``;
+- ``DICOM_INGEST_GPU_JPEG_DECODER`` = ``cuda`` where it is ``auto`` and more than one
+  child shares a GPU (``shares_gpu``): their decoders then contend for the GPU's JPEG
+  engines, and the CUDA decoder goes first.
 
 Signals: SIGTERM/SIGINT are forwarded to every child; each drains within its
 own ``SHUTDOWN_DEADLINE_S``, commits, leaves the group and exits 0, and the
@@ -39,7 +42,7 @@ a GPU (its decoding pool already uses every core), else one process for every
 ``CORES_PER_PROCESS`` cores, at most ``PROCESSES_PER_GPU`` a GPU, and no more than the
 host's memory holds at one pinned ring and ``PROCESS_OVERHEAD_BYTES`` each.
 
-The pure part (``child_specs``, ``child_environment``, ``auto_processes``,
+The pure part (``child_specs``, ``child_environment``, ``shares_gpu``, ``auto_processes``,
 ``RestartPolicy``, ``classify_exit``) is apart from the process IO (``Supervisor``).
 """
 
@@ -126,20 +129,30 @@ def parse_gpus(text: str) -> tuple[str, ...]:
     return items
 
 
+def shares_gpu(processes: int, gpus: Sequence[str]) -> bool:
+    """More than one of ``processes`` children uses one GPU: all of them use the visible
+    ones without ``--gpus``, else child ``i`` uses ``gpus[i mod len(gpus)]``."""
+    return processes > max(1, len(set(gpus)))
+
+
 def child_environment(
     base: Mapping[str, str],
     index: int,
     worker_id: str,
     health_port: int,
     gpus: Sequence[str],
+    jpeg_decoder: str | None = None,
 ) -> dict[str, str]:
-    """The environment of child ``index``: ``base`` plus its worker id, health port, GPU."""
+    """The environment of child ``index``: ``base`` plus its worker id, health port, GPU
+    and, where given, the JPEG decoder its GPU's sharing chose."""
     env = dict(base)
     env[f"{PREFIX}WORKER_ID"] = f"{worker_id}-{index}"
     if health_port:
         env[f"{PREFIX}HEALTH_PORT"] = str(health_port + index)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+    if jpeg_decoder:
+        env[f"{PREFIX}GPU_JPEG_DECODER"] = jpeg_decoder
     return env
 
 
@@ -176,9 +189,11 @@ def child_specs(
             "port + i)"
         )
     argv = worker_argv(config_file, parent_pid, python)
+    shared = settings.gpu_jpeg_decoder == "auto" and shares_gpu(processes, gpus)
+    jpeg = "cuda" if shared else None
     specs = []
     for index in range(processes):
-        env = child_environment(base_env, index, settings.worker_id, port, gpus)
+        env = child_environment(base_env, index, settings.worker_id, port, gpus, jpeg)
         specs.append(
             ChildSpec(
                 index=index,

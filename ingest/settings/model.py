@@ -57,6 +57,7 @@ SeriesFormat = Literal["npy", "nifti", "both"]
 SlideLayout = Literal["tiles", "ome-zarr"]
 SourceHash = Literal["crc64nvme", "sha256", "sha256-tree", "none"]
 GpuDecode = Literal["auto", "off"]
+GpuJpegDecoder = Literal["auto", "hardware", "cuda"]
 FileReader = Literal["auto", "kvikio", "posix"]
 LogFormat = Literal["auto", "json", "console"]
 KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -274,6 +275,18 @@ class Settings:
             "`auto`: on a CUDA device with nvImageCodec installed (extra `cuda`), JPEG Baseline, "
             "JPEG 2000 and HTJ2K Lossless frames decode on the GPU; `off`: every frame decodes on"
             " the CPU"
+        ),
+    )
+    gpu_jpeg_decoder: GpuJpegDecoder = tuning(
+        "auto",
+        one_of(GpuJpegDecoder),
+        (
+            "which of nvImageCodec's decoders takes JPEG Baseline frames first: `hardware`, the"
+            " GPU's JPEG engines (the least CPU a frame for one process); `cuda`, the CUDA"
+            " decoder (where several processes share a GPU they contend for its engines); the"
+            " other takes the frames the first refuses. `auto`: `cuda` for the workers of"
+            " `--processes` when more than one shares a GPU, else `hardware`. Set `cuda` where"
+            " separately started workers share a GPU"
         ),
     )
     worker_id: str = tuning(
@@ -505,6 +518,12 @@ class Settings:
     def slot_size(self) -> int:
         """One ring slot holds one byte range."""
         return self.part_size
+
+    @property
+    def jpeg_decoder(self) -> Literal["hardware", "cuda"]:
+        """The JPEG decoder this worker tries first: ``auto`` is ``hardware`` for a worker
+        of its own (``--processes`` sets ``cuda`` in workers that share a GPU)."""
+        return "cuda" if self.gpu_jpeg_decoder == "cuda" else "hardware"
 
     @property
     def output_bucket(self) -> str:

@@ -10,7 +10,8 @@ columns=96)``, which needs encoders the device machine lacks) go to the device
 thread in one batch (frames of many objects in one nvImageCodec call): each
 output equals the CPU path's (``decode_encapsulated``, then the NumPy twin of the
 kernel) exactly for lossless syntaxes and within 40 dB PSNR for lossy ones. A
-frame the device cannot decode fails its job alone.
+frame the device cannot decode fails its job alone. Both orders of nvImageCodec's JPEG
+decoders (the hardware one first, the CUDA one first) give the same results.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from ingest.dicom.device_codecs import MATCHING_SYNTAXES, device_format, matchin
 from ingest.dicom.syntaxes import LOSSLESS
 from ingest.embedded.samples_compressed import jpeg_baseline
 from ingest.embedded.samples_slide import jpeg_slide_bytes
-from ingest_gpu.decode import DeviceDecodeError, EncodedFrames, nvimgcodec_unavailable_reason, parse
+from ingest_gpu.decode import (
+    DeviceDecodeError,
+    EncodedFrames,
+    JpegDecoder,
+    nvimgcodec_unavailable_reason,
+    parse,
+)
 from ingest_gpu.formats import Transform
 from ingest_gpu.preprocess import preprocess_numpy
 from ingest_gpu.thread import ChunkJob, ChunkResult, DeviceThread, cuda_unavailable_reason
@@ -101,8 +108,10 @@ def _cpu(codec: Codec, frames: list[bytes]) -> np.ndarray:
     return preprocess_numpy(raw, fmt, TRANSFORM, 0)
 
 
-def _run(jobs: list[ChunkJob]) -> tuple[list[ChunkResult | BaseException], dict[str, int | float]]:
-    with DeviceThread("cuda") as thread:
+def _run(
+    jobs: list[ChunkJob], jpeg: JpegDecoder = "hardware"
+) -> tuple[list[ChunkResult | BaseException], dict[str, int | float]]:
+    with DeviceThread("cuda", jpeg=jpeg) as thread:
         outcomes = thread.submit(jobs).result(timeout=120)
         again = thread.submit(jobs).result(timeout=120)  # steady state: nothing allocated
         stats = thread.stats()
@@ -115,9 +124,10 @@ def test_the_sample_files_cover_every_device_syntax() -> None:
     assert syntaxes == MATCHING_SYNTAXES
 
 
-def test_device_decode_equals_the_cpu_path_in_one_batch() -> None:
+@pytest.mark.parametrize("jpeg", ["hardware", "cuda"])  # the JPEG decoder tried first
+def test_device_decode_equals_the_cpu_path_in_one_batch(jpeg: JpegDecoder) -> None:
     jobs = [_job(codec, frames) for _, codec, frames in CASES]
-    outcomes, stats = _run(jobs)
+    outcomes, stats = _run(jobs, jpeg)
     refused = {}
     for (name, codec, frames), outcome in zip(CASES, outcomes, strict=True):
         if isinstance(outcome, DeviceDecodeError):

@@ -42,6 +42,7 @@ from ingest.ops.supervisor import (
     classify_exit,
     describe_exit,
     parse_gpus,
+    shares_gpu,
 )
 from ingest.settings import load_settings, setting_names
 from tests import chaos, harness
@@ -140,6 +141,30 @@ def test_child_specs_from_settings(tmp_path: Path) -> None:
     assert specs[1].env["K"] == "v"
     default_id = _settings()  # hostname-PID of the parent
     assert child_specs(default_id, 1, (), {}, None, 1)[0].worker_id == default_id.worker_id + "-0"
+
+
+def test_children_that_share_a_gpu_try_the_cuda_jpeg_decoder_first() -> None:
+    key = "DICOM_INGEST_GPU_JPEG_DECODER"
+    base = {
+        "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+        "DICOM_INGEST_OUTPUT_URL": "s3://out/prefix/",
+        "DICOM_INGEST_AUDIT_KEY": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+    }
+    shared = child_specs(_settings(), 3, ("0", "1"), base, None, 1)  # two on GPU 0
+    assert [s.env.get(key) for s in shared] == ["cuda"] * 3
+    assert load_settings(shared[0].env).jpeg_decoder == "cuda"  # what the child reads
+    assert [s.env.get(key) for s in child_specs(_settings(), 2, (), base, None, 1)] == [
+        "cuda",
+        "cuda",
+    ]  # no --gpus: both on the visible ones
+    alone = child_specs(_settings(), 2, ("0", "1"), base, None, 1)  # one a GPU
+    assert [s.env.get(key) for s in alone] == [None, None]
+    assert load_settings(alone[0].env).jpeg_decoder == "hardware"
+    chosen = child_specs(_settings(gpu_jpeg_decoder="hardware"), 4, (), base, None, 1)
+    assert [s.env.get(key) for s in chosen] == [None] * 4  # the operator's choice stands
+    assert not shares_gpu(1, ())
+    assert not shares_gpu(2, ("0", "1"))
+    assert shares_gpu(2, ("0", "0"))
 
 
 def test_child_specs_refuse_bad_counts_and_ports() -> None:
