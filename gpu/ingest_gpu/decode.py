@@ -66,13 +66,12 @@ MAX_KEPT_IMAGES: Final = 8192  # places in the arena whose output image is kept 
 OPTIONS: Final = ":fancy_upsampling=1"
 # nvImageCodec's backends, in order, by the JPEG decoder that goes first: the GPU's
 # hardware JPEG engines (the least CPU a frame for one process), or the CUDA decoders
-# (nvJPEG's, nvJPEG2000's; where several processes share a GPU, its engines were
-# contended: eight processes decoded CT slices at twice to three times the rate with
-# the CUDA decoder); each takes what the first leaves. HTJ2K and JPEG 2000 frames go
-# to the CUDA decoder either way. Not the hybrid and CPU ones that every backend would
-# add to the same call: in a worker, whose own threads and the servers share the host,
-# they took most of a slide's 512-pixel tiles at 900 CPU us each (98 with these two)
-# and made the decode slower, not faster.
+# (nvJPEG's, nvJPEG2000's: processes that share a GPU contend for its engines, and went
+# faster with the CUDA decoder first); each takes what the first leaves. HTJ2K and JPEG
+# 2000 frames go to the CUDA decoder either way. Not the hybrid and CPU ones that every
+# backend would add to the same call: in a worker, whose own threads and the servers
+# share the host, they took most of a slide's 512-pixel tiles at 900 CPU us each (98
+# with these two) and made the decode slower, not faster.
 BACKENDS: Final[dict[JpegDecoder, tuple[int, ...]]] = {
     "hardware": (api.HW_GPU_ONLY, api.GPU_ONLY),
     "cuda": (api.GPU_ONLY, api.HW_GPU_ONLY),
