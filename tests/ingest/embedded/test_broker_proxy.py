@@ -182,7 +182,7 @@ def test_short_frames_are_protocol_errors() -> None:
 # Against the real broker
 
 
-def _produce(bootstrap: str, topic: str, who: int, records: int) -> None:
+def _produce(bootstrap: str, topic: str, who: int, records: int, partition: int = 0) -> None:
     async def run() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=1)
         await producer.start()
@@ -190,7 +190,7 @@ def _produce(bootstrap: str, topic: str, who: int, records: int) -> None:
             sent = []
             for n in range(records):
                 key = f"{who}-{n}".encode()
-                sent.append(await producer.send(topic, key, key=key, partition=0))
+                sent.append(await producer.send(topic, key, key=key, partition=partition))
                 if n % 4 == 0:
                     await asyncio.sleep(0.001)
             for delivery in sent:
@@ -216,32 +216,35 @@ async def test_live_consumer_sees_every_record_of_many_producers(
     stack: Stack, producers: list[BaseProcess]
 ) -> None:
     topic = f"proxy-{uuid.uuid4().hex[:8]}"
-    create_topics(stack.kafka.bootstrap, [topic])
+    shared = 3  # partitions, each written by two producers at once while the others are
+    create_topics(stack.kafka.bootstrap, [topic], partitions=shared)
     writers, each = 6, 150
     consumer = AIOKafkaConsumer(
         bootstrap_servers=stack.kafka.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10
     )
     await consumer.start()
     try:
-        partition = TopicPartition(topic, 0)
-        consumer.assign([partition])
-        await consumer.seek_to_end(partition)
+        partitions = [TopicPartition(topic, p) for p in range(shared)]
+        consumer.assign(partitions)
+        await consumer.seek_to_end(*partitions)
         context = multiprocessing.get_context("spawn")
         for who in range(writers):
-            producers.append(
-                context.Process(target=_produce, args=(stack.kafka.bootstrap, topic, who, each))
-            )
+            args = (stack.kafka.bootstrap, topic, who, each, who % shared)
+            producers.append(context.Process(target=_produce, args=args))
             producers[-1].start()
-        seen: list[int] = []
+        seen: dict[int, list[int]] = {p: [] for p in range(shared)}
         deadline = time.monotonic() + 90
-        while len(seen) < writers * each and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=100)).values():
-                seen += [r.offset for r in records]
-        end = (await consumer.end_offsets([partition]))[partition]
+        while sum(map(len, seen.values())) < writers * each and time.monotonic() < deadline:
+            for tp, records in (await consumer.getmany(timeout_ms=100)).items():
+                seen[tp.partition] += [r.offset for r in records]
+        ends = await consumer.end_offsets(partitions)
     finally:
         await consumer.stop()
-    assert sorted(seen) == list(range(writers * each)), "the live consumer skipped records"
-    assert end == writers * each  # ListOffsets "latest": the end, not inside the last batch
+    per = writers // shared * each
+    for p in range(shared):
+        assert sorted(seen[p]) == list(range(per)), f"the live consumer skipped records of {p}"
+    # ListOffsets "latest": the end, not inside the last batch
+    assert [ends[tp] for tp in partitions] == [per] * shared
 
 
 @pytest.mark.integration
