@@ -77,12 +77,15 @@ def logging_to_this_tests_stderr() -> Iterator[None]:
 # Pure logic
 
 
+REQUIRED_ENV = {  # what load_settings needs besides what a test sets
+    "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+    "DICOM_INGEST_OUTPUT_URL": "s3://out/prefix/",
+    "DICOM_INGEST_AUDIT_KEY": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+}
+
+
 def _settings(**extra: str) -> Any:
-    env = {
-        "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
-        "DICOM_INGEST_OUTPUT_URL": "s3://out/prefix/",
-        "DICOM_INGEST_AUDIT_KEY": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
-    }
+    env = dict(REQUIRED_ENV)
     env.update({f"DICOM_INGEST_{k.upper()}": v for k, v in extra.items()})
     return load_settings(env)
 
@@ -145,11 +148,7 @@ def test_child_specs_from_settings(tmp_path: Path) -> None:
 
 def test_children_that_share_a_gpu_try_the_cuda_jpeg_decoder_first() -> None:
     key = "DICOM_INGEST_GPU_JPEG_DECODER"
-    base = {
-        "DICOM_INGEST_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
-        "DICOM_INGEST_OUTPUT_URL": "s3://out/prefix/",
-        "DICOM_INGEST_AUDIT_KEY": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
-    }
+    base = REQUIRED_ENV  # the parent's environment, which each child's settings are read from
     shared = child_specs(_settings(), 3, ("0", "1"), base, None, 1)  # two on GPU 0
     assert [s.env.get(key) for s in shared] == ["cuda"] * 3
     assert load_settings(shared[0].env).jpeg_decoder == "cuda"  # what the child reads
