@@ -11,8 +11,9 @@ last slice. S3's rules for a multipart upload shape how:
 - every part but the last holds at least 5 MiB; one holds at most 5 GiB.
 
 ``VolumeStream`` places each slice by its distance along the normal, not by
-when it came: the worker finishes slices a few places out of the order they
-were sent in. The file is cut into three regions:
+when it came: on a busy host the worker finishes slices far out of the order
+they were sent in (the first to finish may be from the middle of those sent).
+The file is cut into three regions:
 
 - the *block*: the parts uploaded while slices arrive, each ``per_part``
   slices (``part_size`` bytes or a little more) adjacent to each other, one
@@ -22,14 +23,14 @@ were sent in. The file is cut into three regions:
   always holds at least ``per_part`` slices;
 - the *tail*: every slice above the block, the last part, uploaded last.
 
-The direction is decided when the first part is cut, from where the first
-slice to arrive lies among those seen then (near the bottom: ascending; near
-the top: descending): with the first two positions alone, two neighbours
-finished in the reverse order would decide it wrongly. Ascending, the block
-grows upwards from part 2, its head (part 1) the ``per_part`` lowest slices
-and any that come below them later; descending, it grows downwards from part
-9,999, always leaving at least ``per_part`` slices below for the head, part
-10,000 kept for a tail of slices that come above it later.
+No direction is guessed. The block's first part is the lowest run of
+``per_part`` adjacent slices with ``per_part`` seen below it, numbered in the
+middle of S3's range (5,000); the block then grows upwards (5,001, 5,002, ...)
+and downwards (4,999, ...) wherever runs of ``per_part`` adjacent slices meet
+it, downwards only while ``per_part`` slices stay below it for the head. The
+number below the block's lowest is the head's, the one above its highest the
+tail's. A series sent either way streams up to half of S3's parts (about 24
+GiB of 5 MiB parts); slices past that wait for the head or the tail.
 
 A slice that lands inside the block (a duplicate, or a step smaller than the
 one assumed), differs from the first in shape, type, orientation or spacing,
@@ -92,12 +93,10 @@ class VolumeStream:
         self._normal = np.cross(orientation[:3], orientation[3:])
         self._at: list[float] = []  # distances along the normal, ascending
         self._sops: list[str] = []  # the slices at them
-        self._first_at: float | None = None
         self._step: float | None = None  # the smallest step between positions seen
         self._block: tuple[float, float] | None = None  # its lowest and highest slice
-        self._next = 0  # the next part number the block takes
+        self._up = self._down = max_parts // 2  # the block's highest and lowest numbers
         self._cut: list[Part] = []
-        self.direction = 0  # 1 ascending, -1 descending, 0 not decided yet
         self.stopped: str | None = None  # why the volume is no longer streamed
 
     @property
@@ -152,8 +151,6 @@ class VolumeStream:
         self._step = step
         self._at.insert(index, at)
         self._sops.insert(index, member.sop_instance_uid)
-        if self._first_at is None:
-            self._first_at = at
         return self._cut_parts()
 
     def finish(self, order: Sequence[str], shape: tuple[int, ...], dtype: str) -> list[Part] | None:
@@ -217,52 +214,65 @@ class VolumeStream:
             end -= 1
         return start - end
 
+    def _first_part(self) -> Part | None:
+        """The block's first part: the lowest run of ``per_part`` adjacent slices with
+        ``per_part`` slices below it, once there is one."""
+        per = self.per_part
+        if self._step is None:
+            return None
+        start = per
+        while start + per <= len(self._at):
+            run = self._run_up(start)
+            if run >= per:
+                self._block = (self._at[start], self._at[start + per - 1])
+                return Part(self._up, tuple(self._sops[start : start + per]))
+            start += run
+        return None
+
+    def _part_above(self) -> Part | None:
+        """The run of ``per_part`` adjacent slices right above the block, if there is one
+        and a number for it below the tail's."""
+        assert self._block is not None
+        low, high = self._block
+        start = bisect.bisect_right(self._at, high + _SAME_POSITION_MM)
+        if (
+            self._up + 1 >= self._max_parts  # the last number stays for the tail
+            or start >= len(self._at)
+            or not self._adjacent(high, self._at[start])
+            or self._run_up(start) < self.per_part
+        ):
+            return None
+        self._up += 1
+        self._block = (low, self._at[start + self.per_part - 1])
+        return Part(self._up, tuple(self._sops[start : start + self.per_part]))
+
+    def _part_below(self) -> Part | None:
+        """The run of ``per_part`` adjacent slices right below the block, if there is one,
+        ``per_part`` slices below it for the head, and a number for it above the head's."""
+        per = self.per_part
+        assert self._block is not None
+        low, high = self._block
+        start = bisect.bisect_left(self._at, low - _SAME_POSITION_MM) - 1
+        if (
+            self._down - 1 <= 1  # part 1 stays for the head
+            or start < 0
+            or not self._adjacent(self._at[start], low)
+            or self._run_down(start) < per
+            or start + 1 - per < per  # the head keeps per_part slices at least
+        ):
+            return None
+        self._down -= 1
+        self._block = (self._at[start + 1 - per], high)
+        return Part(self._down, tuple(self._sops[start + 1 - per : start + 1]))
+
     def _cut_parts(self) -> list[Part]:
-        per, count = self.per_part, len(self._at)
         out: list[Part] = []
         if self._block is None:
-            if self._step is None or count < 2 * per or self._first_at is None:
+            first = self._first_part()
+            if first is None:
                 return out
-            above, below = self._at[-1] - self._first_at, self._first_at - self._at[0]
-            if above == below:
-                return out
-            direction = 1 if above > below else -1
-            if direction == 1 and self._run_up(per) >= per:
-                first = Part(2, tuple(self._sops[per : 2 * per]))
-                self._block, self._next = (self._at[per], self._at[2 * per - 1]), 3
-            elif direction == -1 and self._run_down(count - 1) >= per:
-                first = Part(self._max_parts - 1, tuple(self._sops[count - per :]))
-                self._block = (self._at[count - per], self._at[-1])
-                self._next = self._max_parts - 2
-            else:
-                return out
-            self.direction = direction
             out.append(first)
-        while True:
-            low, high = self._block
-            if self.direction == 1:
-                start = bisect.bisect_right(self._at, high + _SAME_POSITION_MM)
-                if (
-                    self._next >= self._max_parts  # the last number stays for the tail
-                    or start >= count
-                    or not self._adjacent(high, self._at[start])
-                    or self._run_up(start) < per
-                ):
-                    break
-                part = Part(self._next, tuple(self._sops[start : start + per]))
-                self._block, self._next = (low, self._at[start + per - 1]), self._next + 1
-            else:
-                start = bisect.bisect_left(self._at, low - _SAME_POSITION_MM) - 1
-                if (
-                    self._next < 2  # part 1 stays for the head
-                    or start < 0
-                    or not self._adjacent(self._at[start], low)
-                    or self._run_down(start) < per
-                    or start + 1 - per < per  # the head keeps per_part slices at least
-                ):
-                    break
-                part = Part(self._next, tuple(self._sops[start + 1 - per : start + 1]))
-                self._block, self._next = (self._at[start + 1 - per], high), self._next - 1
+        while (part := self._part_above() or self._part_below()) is not None:
             out.append(part)
         self._cut.extend(out)
         return out

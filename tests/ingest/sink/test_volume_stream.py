@@ -71,19 +71,18 @@ def test_slices_in_order_are_uploaded_as_they_come_and_make_the_volume(direction
     layout, cut = stream([slice_at(i) for i in indices])
 
     assert layout.per_part == 4
-    assert layout.direction == direction
     # the first part is cut once two parts' worth have come, not at the end
     assert [len(c) for c in cut[:8]] == [0] * 7 + [1]
     assert all(not p.header for p in layout.parts)
     rest = layout.finish(order_of(count), (count, 4, 4), "float32")
     assert rest is not None, layout.stopped
     check_parts(layout, rest, order_of(count), MAX_PARTS)
-    if direction == 1:  # upwards from part 2, the head part 1, the tail after the block
-        assert [p.number for p in layout.parts] == [2, 3]
-        assert [(p.number, len(p.slices)) for p in rest] == [(1, 4), (4, 2)]
-    else:  # downwards from 9,999, leaving the head at least four slices
-        assert [p.number for p in layout.parts] == [9999, 9998]
-        assert [(p.number, len(p.slices)) for p in rest] == [(9997, 6)]
+    if direction == 1:  # upwards from 5,000, the head below it, the tail after the block
+        assert [p.number for p in layout.parts] == [5000, 5001]
+        assert [(p.number, len(p.slices)) for p in rest] == [(4999, 4), (5002, 2)]
+    else:  # downwards from 5,000, leaving the head at least four slices
+        assert [p.number for p in layout.parts] == [5000, 4999]
+        assert [(p.number, len(p.slices)) for p in rest] == [(4998, 6)]
     assert rest[0].header
 
 
@@ -100,14 +99,49 @@ def test_neighbours_finished_out_of_order_still_stream(direction: int) -> None:
         layout, _ = stream([slice_at(i) for i in arrivals])
         rest = layout.finish(order_of(count), (count, 4, 4), "float32")
         assert rest is not None, (seed, layout.stopped)
-        assert layout.direction == direction
         check_parts(layout, rest, order_of(count), MAX_PARTS)
+        assert len(layout.parts) >= 6  # of ten parts' worth: the head's and one more at most
 
 
-def test_the_first_two_in_the_reverse_order_do_not_decide_the_direction() -> None:
+# The order a busy 2-core host finished 23 slices sent one after another: the first to
+# finish was the twelfth sent, the second the third.
+FINISHED = [11, 2, 12, 3, 14, 15, 5, 17, 16, 7, 0, 1, 6, 8, 13, 22, 21, 20, 19, 18, 9, 4, 10]
+
+
+@pytest.mark.parametrize("direction", [1, -1])
+def test_slices_finished_far_out_of_the_order_sent_stream_before_the_last(
+    direction: int,
+) -> None:
+    """The slices sent in order finish far out of it, the first from the middle: every part
+    the slices before the last make is up before the last one comes."""
+    count = len(FINISHED) + 1
+    sent = list(range(count))[::direction]
+    layout, cut = stream([slice_at(sent[k]) for k in [*FINISHED, count - 1]])
+    # 23 slices: four parts' worth beside the head's four, but for the three left over
+    assert sum(len(c) for c in cut[:-1]) == 4
+    rest = layout.finish(order_of(count), (count, 4, 4), "float32")
+    assert rest is not None, layout.stopped
+    check_parts(layout, rest, order_of(count), MAX_PARTS)
+
+
+@pytest.mark.parametrize("direction", [1, -1])
+def test_slices_finished_a_dozen_places_out_of_order_still_stream(direction: int) -> None:
+    count = 40
+    for seed in range(20):
+        rng = random.Random(seed)
+        indices = list(range(count))[::direction]
+        jittered = sorted(range(count), key=lambda k: k + rng.uniform(0, 12))
+        layout, _ = stream([slice_at(indices[k]) for k in jittered])
+        rest = layout.finish(order_of(count), (count, 4, 4), "float32")
+        assert rest is not None, (seed, layout.stopped)
+        check_parts(layout, rest, order_of(count), MAX_PARTS)
+        assert len(layout.parts) >= 6, seed  # of ten parts' worth, the head's and more
+
+
+def test_the_first_two_in_the_reverse_order_still_stream() -> None:
     arrivals = [1, 0, *range(2, 12)]
     layout, _ = stream([slice_at(i) for i in arrivals])
-    assert layout.direction == 1
+    assert [p.number for p in layout.parts] == [5000, 5001]
     rest = layout.finish(order_of(12), (12, 4, 4), "float32")
     assert rest is not None
     check_parts(layout, rest, order_of(12), MAX_PARTS)
@@ -116,7 +150,7 @@ def test_the_first_two_in_the_reverse_order_do_not_decide_the_direction() -> Non
 @pytest.mark.parametrize("direction", [1, -1])
 def test_the_first_slice_last_joins_the_part_uploaded_at_the_end(direction: int) -> None:
     """Ascending, the lowest slice coming last goes into the head; descending, the highest
-    goes into the tail, part 10,000."""
+    goes into the tail, the part above the block."""
     count = 16
     indices = list(range(count))[::direction]
     arrivals = [*indices[1:], indices[0]]
@@ -125,7 +159,7 @@ def test_the_first_slice_last_joins_the_part_uploaded_at_the_end(direction: int)
     assert rest is not None, layout.stopped
     check_parts(layout, rest, order_of(count), MAX_PARTS)
     if direction == -1:
-        assert rest[-1] == Part(MAX_PARTS, (slice_at(count - 1).sop_instance_uid,))
+        assert rest[-1] == Part(5001, (slice_at(count - 1).sop_instance_uid,))
 
 
 def test_a_duplicate_position_stops_the_stream() -> None:
@@ -195,17 +229,17 @@ def test_too_few_slices_for_two_parts_are_written_whole() -> None:
     assert layout.stopped == "no part was cut"
 
 
-@pytest.mark.parametrize("direction", [1, -1])
-def test_the_part_numbers_run_out_before_the_slices(direction: int) -> None:
-    """With five part numbers: three parts of the block, the head and the tail (ascending)
-    or the head (descending, 5 kept for a tail); the rest waits for the end."""
+@pytest.mark.parametrize(("direction", "numbers"), [(1, [4, 5, 6, 7, 8]), (-1, [4, 3, 2])])
+def test_the_part_numbers_run_out_before_the_slices(direction: int, numbers: list[int]) -> None:
+    """With nine part numbers the block starts at 4: upwards it takes 4 to 8 (9 kept for
+    the tail), downwards 4 to 2 (1 kept for the head); the rest waits for the end."""
     count = 40
     indices = list(range(count))[::direction]
-    layout, _ = stream([slice_at(i) for i in indices], max_parts=5)
-    assert len(layout.parts) == 3
+    layout, _ = stream([slice_at(i) for i in indices], max_parts=9)
+    assert [p.number for p in layout.parts] == numbers
     rest = layout.finish(order_of(count), (count, 4, 4), "float32")
     assert rest is not None
-    check_parts(layout, rest, order_of(count), 5)
+    check_parts(layout, rest, order_of(count), 9)
 
 
 def test_large_slices_make_a_part_each() -> None:

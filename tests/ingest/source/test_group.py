@@ -49,16 +49,16 @@ async def test_work_slower_than_the_poll_interval_keeps_the_member_and_its_commi
 ) -> None:
     names = harness.make_names(uuid.uuid4().hex[:10])
     harness.prepare(stack, names)
-    keys = await publish_slices(stack, names, 4)
+    keys = await publish_slices(stack, names, 3)
     real = ingest.pipeline.process.process_object  # the worker's name for it is patched below
 
     async def slow(ctx: Context, ref: ObjectRef) -> Processed:
-        await anyio.sleep(4.0)  # twice the max poll interval below
+        await anyio.sleep(2.0)  # twice the max poll interval below
         return await real(ctx, ref)
 
     monkeypatch.setattr(ingest.worker, "process_object", slow)
     settings = harness.make_settings(
-        stack, names, max_poll_interval_ms="2000", max_objects_in_flight="1"
+        stack, names, max_poll_interval_ms="1000", max_objects_in_flight="1"
     )
     assignments: list[int] = []
     original = ingest.source.commits.Rebalance.on_partitions_assigned
