@@ -343,7 +343,8 @@ class Settings:
         number(0.5, 600.0),
         (
             "how long a Kafka client's start may take (connect, versions, metadata) before the "
-            "worker gives up on a broker that does not answer"
+            "worker gives up on a broker that does not answer; connections refused or closed "
+            "(a broker restarting) are tried again for the first half of it"
         ),
     )
     fetch_max_wait_ms: int = tuning(

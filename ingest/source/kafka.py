@@ -8,7 +8,9 @@ turned into lost work; only a broker's definite refusal ends a send.
 Auto-commit is off: ``worker.py`` commits through ``OffsetTracker``.
 A client that fails to start is stopped again and its failure translated too
 (``start_client``): a refused SASL login ends the worker with a ``BrokerError``
-that names the mechanism and the user, never the password.
+that names the mechanism and the user, never the password. A broker that
+refuses or drops the first connections (one restarting) is tried again for
+half of ``KAFKA_CONNECT_TIMEOUT_S`` first.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ import anyio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NodeNotReadyError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from ingest.errors import BrokerError, BrokerRejected
 from ingest.redact import scrub_text
@@ -103,7 +111,9 @@ class _Consumer(AIOKafkaConsumer):  # type: ignore[misc]  # aiokafka has no type
         self._ingest_settings = settings
 
     async def start(self) -> None:
-        await start_client(super().start, self.stop, self._ingest_settings, "consumer")
+        await start_client(
+            super().start, self.stop, self._ingest_settings, "consumer", self._client.bootstrap
+        )
 
 
 class _Producer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka has no types
@@ -114,7 +124,9 @@ class _Producer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka has no type
         self._ingest_settings = settings
 
     async def start(self) -> None:
-        await start_client(super().start, self.stop, self._ingest_settings, "producer")
+        await start_client(
+            super().start, self.stop, self._ingest_settings, "producer", self.client.bootstrap
+        )
 
 
 _SCRAM_SERVER_ERROR = re.compile(r"e=[\w-]{1,64}")
@@ -125,8 +137,15 @@ async def start_client(
     stop: Callable[[], Awaitable[None]],
     settings: Settings,
     what: str,
+    bootstrap: Callable[[], Awaitable[None]],
 ) -> None:
     """Start an aiokafka client; if that fails, stop it again and raise a ``BrokerError``.
+
+    ``bootstrap`` (the client's first metadata request, which ``start`` repeats) is
+    tried first, again while connections are refused or closed for half of
+    ``kafka_connect_timeout_s``: a worker started while its broker restarts waits for
+    it instead of exiting. The other half is left for an attempt that hangs, so its
+    timeout is told apart from a refusal.
 
     aiokafka 0.14 hides a refused login in two ways: its bootstrap logs each
     broker's answer (``SaslAuthenticationFailed``, a closed connection) and
@@ -146,6 +165,14 @@ async def start_client(
     login += f" {s.kafka_sasl_mechanism} as {s.kafka_sasl_username!r})" if sasl else ")"
     try:
         with anyio.fail_after(s.kafka_connect_timeout_s):
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(KafkaConnectionError),
+                wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                stop=stop_after_delay(s.kafka_connect_timeout_s / 2),
+                reraise=True,
+            ):
+                with attempt:
+                    await bootstrap()
             await start()
     except TimeoutError as exc:
         # A broker that accepts TCP and never answers: aiokafka would wait its request

@@ -108,7 +108,7 @@ class RawRecords(logging.Handler):
 
 
 def sasl_settings(
-    stack: Stack, bootstrap: str, protocol: str, mechanism: str, password: str
+    stack: Stack, bootstrap: str, protocol: str, mechanism: str, password: str, **overrides: str
 ) -> tuple[Settings, harness.Names]:
     names = harness.make_names(uuid.uuid4().hex[:10])
     stack.s3.create_bucket(names.source_bucket)
@@ -120,7 +120,8 @@ def sasl_settings(
             "kafka_sasl_username": USER,
             "kafka_sasl_password": password,
         }
-    return harness.make_settings(stack, names, kafka_bootstrap=bootstrap, **login), names
+    settings = harness.make_settings(stack, names, kafka_bootstrap=bootstrap, **login, **overrides)
+    return settings, names
 
 
 @pytest.mark.anyio
@@ -192,7 +193,10 @@ async def test_a_refused_login_ends_the_worker_promptly_and_names_no_password(
     said: str,
 ) -> None:
     wrong = f"wrong-{uuid.uuid4().hex}"
-    settings, _ = sasl_settings(stack, sasl_broker.bootstrap, protocol, mechanism, wrong)
+    # a closed connection is tried again for half the connect timeout (a broker restarting)
+    settings, _ = sasl_settings(
+        stack, sasl_broker.bootstrap, protocol, mechanism, wrong, kafka_connect_timeout_s="2"
+    )
     caplog.set_level(logging.DEBUG)  # every record, aiokafka's requests and responses included
     raw = RawRecords()
     logging.getLogger("aiokafka").addHandler(raw)

@@ -16,10 +16,11 @@ import ingest.pipeline.process
 import ingest.source.commits
 import ingest.worker
 from ingest.embedded.samples import synthetic_ct_series
-from ingest.embedded.stack import Stack, embedded_stack
+from ingest.embedded.stack import Stack, embedded_stack, start_tansu
 from ingest.pipeline.jobs import Context
 from ingest.sink.records import Processed
 from ingest.source.group import GroupMember
+from ingest.source.kafka import make_consumer, make_producer
 from ingest.source.notifications import ObjectRef
 from ingest.worker import Outcome, Worker
 from tests import harness
@@ -286,3 +287,30 @@ async def test_a_close_that_is_itself_cancelled_ends_cancelled() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_clients_started_while_their_broker_restarts_wait_for_it(stack: Stack) -> None:
+    """A worker (or a supervisor's child) that starts while the broker is down for a moment
+    starts once it is back, where it used to exit: the consumer and the producer both."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    with start_tansu() as broker:
+        settings = harness.make_settings(stack, names, kafka_bootstrap=broker.bootstrap)
+        broker.kill()
+        clients = [make_consumer(settings), make_producer(settings)]
+        started: list[float] = []
+
+        async def start(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
+            await client.start()
+            started.append(anyio.current_time())
+
+        async with anyio.create_task_group() as group:
+            for client in clients:
+                group.start_soon(start, client)
+            await anyio.sleep(1.0)
+            assert started == []  # waiting, not failed
+            back = anyio.current_time()
+            await anyio.to_thread.run_sync(broker.restart)
+        assert len(started) == 2
+        assert min(started) >= back
+        for client in clients:
+            await client.stop()
