@@ -253,25 +253,22 @@ def _file_meta(data: bytes) -> tuple[str, int]:
 
 def _data_set(walker: Walker, pos: int) -> tuple[dict[str, object], int]:
     """The wanted values as pydicom gives them, and where the Pixel Data tag is."""
-    data, values = walker.data, dict[str, object]()
+    data, values, end = walker.data, dict[str, object](), len(walker.data)
     while data[pos : pos + 4] != PIXEL_TAG:
-        element = walker.element(pos, len(data))
-        tag = element.tag
+        tag, found_vr, start, stop, pos = walker.span(pos, end)
         if tag > _LAST_BEFORE_PIXELS or tag in _DECLINED:
             raise Unsure
         if (
             tag == _CHARACTER_SET
             and (  # pydicom converts it at once, and can fail
-                element.vr not in (None, b"CS")
-                or not _known_character_set(data[element.start : element.end])
+                found_vr not in (None, b"CS") or not _known_character_set(data[start:stop])
             )
         ):
             raise Unsure
         wanted = _WANTED.get(tag)
         if wanted is not None:
             keyword, vr = wanted
-            if keyword in values or element.vr not in (None, vr[:2]):
+            if keyword in values or found_vr not in (None, vr[:2]):
                 raise Unsure
-            values[keyword] = _CONVERT[vr](data[element.start : element.end])
-        pos = element.next
+            values[keyword] = _CONVERT[vr](data[start:stop])
     return values, pos

@@ -76,6 +76,20 @@ class Walker:
             raise Unsure
         return Element(tag, vr, value, value + length, value + length)
 
+    def span(self, pos: int, end: int) -> tuple[int, bytes | None, int, int, int]:
+        """``element``'s answer as a tuple (tag, VR, value start, value end, next), with an
+        explicit VR element of a 2-byte length read inline: a plain header is mostly
+        those, and walking one is most of what reading it costs."""
+        if not self.implicit and pos + 8 <= end:
+            group, number, vr, length = _EXPLICIT.unpack_from(self.data, pos)
+            if vr in _SHORT_VRS and group != 0xFFFE:
+                value = pos + 8
+                if value + length > end:
+                    raise Unsure
+                return group << 16 | number, vr, value, value + length, value + length
+        found = self.element(pos, end)
+        return found.tag, found.vr, found.start, found.end, found.next
+
     def items(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         """(start, end) of each item's elements in a sequence value [start, end)."""
         pos = start
