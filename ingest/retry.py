@@ -1,8 +1,10 @@
 """The one retry policy: capped exponential backoff with full jitter, on retriable errors.
 
-Everything that talks to S3 or Kafka runs its calls through ``with_retries``.
-The policy reads ``IngestError.retriable`` and nothing else, so what is worth
-retrying is decided where foreign exceptions are translated, once.
+Everything that talks to S3 or Kafka runs its calls through ``with_retries``,
+but a Kafka client's first bootstrap, which is tried again against the connect
+timeout instead (``ingest.source.kafka.start_client``). The policy reads
+``IngestError.retriable`` and nothing else, so what is worth retrying is decided
+where foreign exceptions are translated, once.
 """
 
 from __future__ import annotations
