@@ -111,7 +111,8 @@ class Commits:
         Bounded by the deadline: what has not finished by then is redone by the
         partition's next owner (outputs are idempotent).
         """
-        with anyio.move_on_after(self._revoke_deadline_s):
+        started = time.monotonic()
+        with anyio.move_on_after(self._revoke_deadline_s) as deadline:
             if self.revoking is not None:
                 try:
                     await self.revoking(revoked)
@@ -119,10 +120,19 @@ class Commits:
                     log.warning("revoked work not finished", error=str(exc))
             while any(self.tracker.in_flight(p) for p in revoked):
                 await self._progress.wait()
+        waited = time.monotonic() - started
         await self.now()
         self.tracker.revoke(revoked)
         for partition in revoked:
             self.committed_at.pop(partition, None)
+        if revoked:  # the group's rebalance waits for this member meanwhile
+            log.info(
+                "partitions revoked",
+                partitions=sorted(p[1] for p in revoked),
+                in_flight_s=round(waited, 3),
+                commit_s=round(time.monotonic() - started - waited, 3),
+                cut_off=deadline.cancelled_caught,
+            )
 
 
 class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
