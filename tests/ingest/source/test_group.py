@@ -294,7 +294,10 @@ async def test_clients_started_while_their_broker_restarts_wait_for_it(stack: St
     starts once it is back, where it used to exit: the consumer and the producer both."""
     names = harness.make_names(uuid.uuid4().hex[:10])
     with start_tansu() as broker:
-        settings = harness.make_settings(stack, names, kafka_bootstrap=broker.bootstrap)
+        # a restart on a busy machine may take seconds: 15 s of tries
+        settings = harness.make_settings(
+            stack, names, kafka_bootstrap=broker.bootstrap, kafka_connect_timeout_s="30"
+        )
         broker.kill()
         clients = [make_consumer(settings), make_producer(settings)]
         started: list[float] = []
