@@ -68,5 +68,5 @@ async def test_a_revoke_gives_up_on_work_in_flight_at_its_deadline() -> None:
     assert consumer.commits == []
     assert commits.tracker.in_flight() == 0  # forgotten with the partition
     [line] = revoked_lines(logs)
-    assert line["in_flight_s"] >= 0.2
+    assert line["in_flight_s"] >= 0.19  # the deadline, less the clocks' rounding
     assert line["cut_off"] is True
