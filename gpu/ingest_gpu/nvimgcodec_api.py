@@ -424,6 +424,36 @@ class Image:
             self.handle = 0
 
 
+class Pending:
+    """A decode call under way: ``wait`` for whether each of its frames decoded."""
+
+    def __init__(self, lib: Library, future: Any, n: int) -> None:
+        self._lib, self._future, self._n = lib, future, n
+
+    def wait(self) -> list[bool]:
+        """Whether each frame decoded, once the call's work is complete in each image's
+        stream order; the codestreams' bytes may then be reused. Call it once.
+
+        Raises:
+            NvImageCodecError: the call as a whole failed.
+        """
+        future, n, lib = self._future, self._n, self._lib
+        if future is None:
+            return []
+        self._future = None
+        try:
+            _check(lib.free.nvimgcodecFutureWaitForAll(future), "nvimgcodecFutureWaitForAll")
+            statuses = (_u32 * n)()
+            size = _size()
+            _check(
+                lib.hold.nvimgcodecFutureGetProcessingStatus(future, statuses, ctypes.byref(size)),
+                "nvimgcodecFutureGetProcessingStatus",
+            )
+        finally:
+            lib.hold.nvimgcodecFutureDestroy(future)
+        return [s == PROCESSING_SUCCESS for s in statuses]
+
+
 class Decoder:
     """An nvImageCodec decoder for one device, with ``options`` as the module's
     ``Decoder(options=...)``: the ``backends`` kinds named (load hint 1 each, in that
@@ -476,10 +506,20 @@ class Decoder:
         Raises:
             NvImageCodecError: the call as a whole failed.
         """
+        return self.start(streams, images).wait()
+
+    def start(self, streams: list[CodeStream], images: list[Image]) -> Pending:
+        """Start decoding ``streams[k]`` into ``images[k]``; ``wait`` on the result says
+        whether each succeeded. Until then the codestreams and images must live and
+        their memory must not be reused.
+
+        Raises:
+            NvImageCodecError: the call as a whole failed.
+        """
         n = len(streams)
-        if not n:
-            return []
         lib = self._lib
+        if not n:
+            return Pending(lib, None, 0)
         handles = (_p * n)(*[s.handle for s in streams])
         outputs = (_p * n)(*[i.handle for i in images])
         future = _p()
@@ -489,17 +529,7 @@ class Decoder:
             ),
             "nvimgcodecDecoderDecode",
         )
-        try:
-            _check(lib.free.nvimgcodecFutureWaitForAll(future), "nvimgcodecFutureWaitForAll")
-            statuses = (_u32 * n)()
-            size = _size()
-            _check(
-                lib.hold.nvimgcodecFutureGetProcessingStatus(future, statuses, ctypes.byref(size)),
-                "nvimgcodecFutureGetProcessingStatus",
-            )
-        finally:
-            lib.hold.nvimgcodecFutureDestroy(future)
-        return [s == PROCESSING_SUCCESS for s in statuses]
+        return Pending(lib, future, n)
 
     def close(self) -> None:
         """Destroy the decoder (waits for nothing: no decode may be running)."""

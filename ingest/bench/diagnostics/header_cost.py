@@ -7,10 +7,12 @@ A diagnostic, not a test (pytest does not collect it)::
 It builds a synthetic Enhanced-CT-like object with per-frame rescale values
 (``ingest.embedded.samples.synthetic_multiframe``) and parses its header three ways:
 the layout only (``per_frame=False``, what a large object waits for before its
-reads start), in full as the worker then does (``ingest/dicom/frames.py``
-reads the per-frame values), and with that walker switched off, so pydicom
-reads every frame's functional groups. Then a CT slice of the bench's series,
-read straight from its bytes (``ingest/dicom/direct.py``) and by pydicom.
+reads start), without the frames' plane positions (``geometry=False``, what a
+compressed object's frames wait for), in full as the worker then does
+(``ingest/dicom/frames.py`` reads the per-frame values), and with that walker
+switched off, so pydicom reads every frame's functional groups. Then a CT slice
+of the bench's series, read straight from its bytes (``ingest/dicom/direct.py``)
+and by pydicom.
 docs/benchmarks.md quotes it.
 """
 
@@ -25,12 +27,14 @@ import ingest.dicom.rescale
 from ingest.embedded.samples import synthetic_ct_series, synthetic_multiframe
 
 
-def seconds(data: bytes, per_frame: bool = True, repeats: int = 5) -> float:
+def seconds(data: bytes, per_frame: bool = True, repeats: int = 5, geometry: bool = True) -> float:
     """The best of ``repeats`` parses (the first one warms pydicom up)."""
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        ingest.dicom.parse.parse_header(data[: 4 << 20], len(data), per_frame=per_frame)
+        ingest.dicom.parse.parse_header(
+            data[: 4 << 20], len(data), per_frame=per_frame, geometry=geometry
+        )
         times.append(time.perf_counter() - started)
     return min(times)
 
@@ -38,10 +42,11 @@ def seconds(data: bytes, per_frame: bool = True, repeats: int = 5) -> float:
 def main() -> None:
     frames = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
     data = synthetic_multiframe(frames, 8, 8)
-    print(f"{frames} frames, layout only:     {seconds(data, per_frame=False):.4f} s")
-    print(f"{frames} frames, with the walker: {seconds(data):.4f} s")
+    print(f"{frames} frames, layout only:        {seconds(data, per_frame=False):.4f} s")
+    print(f"{frames} frames, no plane positions: {seconds(data, geometry=False):.4f} s")
+    print(f"{frames} frames, with the walker:    {seconds(data):.4f} s")
     with mock.patch.object(ingest.dicom.rescale, "per_frame_rescale", return_value=None):
-        print(f"{frames} frames, pydicom alone:   {seconds(data):.4f} s")
+        print(f"{frames} frames, pydicom alone:      {seconds(data):.4f} s")
     ct = synthetic_ct_series(1)[0][1]
     print(f"CT slice, read directly:     {seconds(ct, repeats=200) * 1e6:.0f} us")
     with mock.patch.object(ingest.dicom.parse, "read_plain_header", return_value=None):

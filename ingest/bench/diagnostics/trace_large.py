@@ -12,15 +12,22 @@ trip, batch and wait::
     .venv/bin/python -m ingest.bench.diagnostics.trace_large 512 cpu --zero-cost-device
     python3 -m ingest.bench.diagnostics.trace_large 2048 cuda        # on the GPU machine
     python3 -m ingest.bench.diagnostics.trace_large 2048 cuda --variant part_size=8388608
+    python3 -m ingest.bench.diagnostics.trace_large 4800 cuda --volume-corpus DIR
+
+``--volume-corpus DIR`` traces an Enhanced CT volume of FRAMES compressed frames instead,
+made as the bench's ``ct-htj2k-volume`` (``--volume-series``: ``ct-htj2k`` or ``ct-j2k``)
+from the slices of a decode corpus (``python -m ingest.bench.workloads_compressed
+--write DIR``), and adds its device decode calls to the trace.
 
 Each ``--variant`` is a space-separated list of worker settings (and
 ``device_window_mb``, the pipeline's source bytes on the device) to trace in turn.
 
 ``--zero-cost-device`` replaces the CPU runner's work with nothing, so what is
-left is the pipeline itself (reads, ordering, hand-offs). ``--profile`` adds
-cProfile tables of the device thread and the event loop (wall time: a thread
-waiting for the GIL is charged to the line it waits on). docs/benchmarks.md
-quotes its figures.
+left is the pipeline itself (reads, ordering, hand-offs). ``--profile device``
+(or ``loop``) adds a cProfile table of the device thread (or of the event loop;
+one of the two a run, since Python 3.12 lets one profiler run in a process at a
+time). Its times are wall time: a thread waiting for the GIL is charged to the line
+it waits on. docs/benchmarks.md quotes its figures.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import argparse
 import asyncio
 import base64
 import cProfile
+import io
 import itertools
 import os
 import pstats
@@ -37,6 +45,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -51,6 +60,7 @@ from ingest.fetch import ordered_reads, threaded_http
 from ingest.fetch import s3 as fetch
 from ingest.fetch.http_answer import Answer
 from ingest.pipeline import jobs as object_jobs
+from ingest.pipeline import large, streamed
 from ingest.settings import Settings, load_settings
 from ingest.worker import Outcome, Worker
 from ingest_gpu import jobs
@@ -61,6 +71,7 @@ Event = tuple[str, float, float, int]  # kind, start, end, size (bytes or batch 
 EVENTS: list[Event] = []
 DEVICE_TIMES: list[tuple[float, float]] = []  # CUDA-event h2d and kernel seconds per chunk
 RUNNER_STATS: dict[str, int | float] = {}
+OUTCOMES: list[tuple[float, Any]] = []  # when each outcome was reported, and the outcome
 PROFILES: dict[str, cProfile.Profile] = {}  # --profile: the device thread's, the loop's
 
 
@@ -125,10 +136,41 @@ def instrument() -> None:
 
     timed_runner(jobs.CpuRunner)
     if cuda_unavailable_reason() is None:  # else the CPU runner is the one timed
+        from ingest_gpu.decode import NvDecoder
         from ingest_gpu.transfer import CudaRunner
 
         timed_runner(CudaRunner)
         time_event_waits(CudaRunner)
+        decode = NvDecoder.decode
+
+        def timed_decode(self: Any, work: Any, stream_handle: int) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return decode(self, work, stream_handle)
+            finally:
+                frames = sum(len(encoded.frames) for encoded, _, _ in work)
+                EVENTS.append(("decode", t0, time.perf_counter(), frames))
+
+        NvDecoder.decode = timed_decode  # type: ignore[method-assign]
+    parse_in_full = large._parse_in_full
+    feed = streamed.FrameStream.feed
+
+    def timed_parse(prefix: bytes, size: int, settings: Settings, geometry: bool = True) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return parse_in_full(prefix, size, settings, geometry)
+        finally:
+            EVENTS.append(("parse" if geometry else "parse_rescale", t0, time.perf_counter(), 0))
+
+    def timed_feed(self: Any, view: memoryview) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return feed(self, view)
+        finally:
+            EVENTS.append(("split", t0, time.perf_counter(), len(view)))
+
+    large._parse_in_full = timed_parse
+    streamed.FrameStream.feed = timed_feed  # type: ignore[method-assign]
     fetch.get_into = timed_get  # type: ignore[attr-defined]
     device.DeviceStage.submit = timed_submit  # type: ignore[method-assign]
     device.DeviceStage._dispatch = timed_dispatch  # type: ignore[method-assign]
@@ -230,6 +272,44 @@ def report(label: str, size: int, limit: int) -> None:
             f"{statistics.median(end - start for start, end in runs) * 1e3:.2f} ms, "
             f"gap between batches median {statistics.median(gaps or [0.0]) * 1e3:.2f} ms"
         )
+    decodes = [e for e in EVENTS if e[0] == "decode"]
+    if decodes:
+        frames = [e[3] for e in decodes]
+        print(
+            f"  device decode calls {len(decodes)}, {sum(durations('decode')):.3f} s, frames a call"
+            f" median {statistics.median(frames):.0f} (min {min(frames)}, max {max(frames)})"
+        )
+    print(
+        "  timeline (ms from the first range's start): "
+        + ", ".join(
+            f"{what} {(at - start) * 1e3:.0f}"
+            for what, at in (
+                ("first range read", min(e[2] for e in reads)),
+                *[
+                    (f"{kind} {'ends' if end else 'starts'}", e[2] if end else e[1])
+                    for kind in ("parse_rescale", "parse", "split")
+                    for e in [next((e for e in EVENTS if e[0] == kind), None)]
+                    if e is not None
+                    for end in (False, True)
+                ],
+                ("first submit", min((s for k, s, _, _ in EVENTS if k == "submit"), default=start)),
+                ("last range read", max(e[2] for e in reads)),
+                ("first batch", min((s for k, s, _, _ in EVENTS if k == "run"), default=start)),
+                ("last batch done", max((e for k, _, e, _ in EVENTS if k == "run"), default=start)),
+            )
+        )
+    )
+    for at, outcome in OUTCOMES:
+        if outcome.processed is not None:
+            t = outcome.processed.timings
+            print(
+                f"  the object's own timings (ms): first GET {t.first_get_s * 1e3:.0f}, parse"
+                f" {t.parse_s * 1e3:.0f}, device {t.device_s * 1e3:.0f},"
+                f" total {t.total_s * 1e3:.0f};"
+                f" from the first range's start: its read began {(t.started_at - start) * 1e3:.0f},"
+                f" it ended {(t.started_at + t.total_s - start) * 1e3:.0f}, its outcome (records"
+                f" acknowledged) {(at - start) * 1e3:.0f}"
+            )
     submits = durations("submit")
     print(f"  consumer blocked in submit: {sum(submits):.3f} s")
     waits = durations("event_wait")
@@ -300,6 +380,7 @@ async def run_one(settings: Settings) -> None:
     done = anyio.Event()
 
     def on_outcome(outcome: Outcome) -> None:
+        OUTCOMES.append((time.perf_counter(), outcome))
         outcomes.append(outcome)
         done.set()
 
@@ -312,8 +393,29 @@ async def run_one(settings: Settings) -> None:
         raise RuntimeError(f"{type(outcomes[0].error).__name__}: {outcomes[0].error}")
 
 
+def volume(corpus: Path, series: str, frames: int) -> bytes:
+    """An Enhanced CT object of ``frames`` frames, the corpus's ``series`` slices in turn,
+    as the bench's volume workloads are made."""
+    from ingest.bench.decode import _frames_of
+    from ingest.bench.workloads import DECODE_WORKLOADS
+    from ingest.bench.workloads_compressed import corpus_files
+    from ingest.embedded.samples_compressed import write_ct_volume
+
+    distinct = [b"".join(_frames_of(path)[1]) for path in corpus_files(corpus, series)]
+    if not distinct:
+        raise SystemExit(f"no {series} slices in {corpus}")
+    out = io.BytesIO()
+    write_ct_volume(
+        out, DECODE_WORKLOADS[series], [distinct[i % len(distinct)] for i in range(frames)]
+    )
+    return out.getvalue()
+
+
 async def trace(stack: Stack, frames: int, backend: str, variants: list[str], args: Any) -> None:
-    data = synthetic_multiframe(frames, 512, 512)
+    if args.volume_corpus is None:
+        data = synthetic_multiframe(frames, 512, 512)
+    else:
+        data = volume(args.volume_corpus, args.volume_series, frames)
     default_window = object_jobs.DEVICE_WINDOW_BYTES
     for variant in variants:
         overrides = dict(item.split("=", 1) for item in variant.split())
@@ -332,10 +434,11 @@ async def trace(stack: Stack, frames: int, backend: str, variants: list[str], ar
         )
         for key in ("warm.dcm", "big.dcm"):
             EVENTS.clear()
+            OUTCOMES.clear()
             DEVICE_TIMES.clear()
             await announce(stack, settings.source_topic, bucket, key)
             loop_profile = cProfile.Profile()
-            if args.profile:
+            if args.profile == "loop":
                 PROFILES["event loop (the whole worker run)"] = loop_profile
                 loop_profile.enable()
             await run_one(settings)
@@ -343,7 +446,7 @@ async def trace(stack: Stack, frames: int, backend: str, variants: list[str], ar
             window = object_jobs.device_plan(settings, backend).window
             label = f"{key} [{variant or 'defaults'}; {window} chunks on the device]"
             report(label, len(data), settings.fetch_concurrency)
-            if args.profile and key == "big.dcm":
+            if args.profile is not None and key == "big.dcm":
                 print_profiles(args.callers_of)
 
 
@@ -356,12 +459,14 @@ def main() -> None:
         "--variant", action="append", help='settings to trace, e.g. "batch_wait_ms=0"'
     )
     parser.add_argument(
-        "--profile", action="store_true", help="cProfile the device thread and the event loop"
+        "--profile", choices=["device", "loop"], help="cProfile the device thread or the event loop"
     )
     parser.add_argument("--callers-of", help="with --profile: who calls this, e.g. inspect.py:2686")
+    parser.add_argument("--volume-corpus", type=Path, help="trace a compressed volume instead")
+    parser.add_argument("--volume-series", default="ct-htj2k", choices=["ct-htj2k", "ct-j2k"])
     args = parser.parse_args()
     instrument()
-    if args.profile:
+    if args.profile == "device":
         profile_device_thread()
     if args.zero_cost_device:
         zero_cost_device()
