@@ -309,12 +309,16 @@ def header_of(
     rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] | None,
     codec: Codec | None = None,
     offset_table: tuple[bytes, bytes] | None = None,
+    *,
+    geometry: bool = True,
 ) -> DicomHeader:
     """The header from checked parts; ``rescaled`` None: the per-frame values are pending
-    (the per-frame geometry with them)."""
+    (the per-frame geometry with them); ``geometry`` False: the frames' plane positions
+    are left unread (``parse_header``)."""
     slopes, intercepts, rescale = rescaled or ((), (), False)
-    per_frame = read_per_frame(values) if rescaled is not None else None
-    geometry = geometry_of(values, pixel.frames, per_frame) if rescaled is not None else None
+    planes = rescaled is not None and geometry
+    per_frame = read_per_frame(values) if planes else None
+    found = geometry_of(values, pixel.frames, per_frame) if planes else None
     return DicomHeader(
         transfer_syntax_uid=syntax,
         study_instance_uid=text(values, "StudyInstanceUID"),
@@ -332,8 +336,8 @@ def header_of(
         frame_pitch=place.pitch,
         codec=codec,
         offset_table=offset_table,
-        slide=slide_of(values, pixel, per_frame, geometry.pixel_spacing if geometry else None),
+        slide=slide_of(values, pixel, per_frame, found.pixel_spacing if found else None),
         sop_class_uid=text(values, "SOPClassUID"),
         patient_id=text(values, "PatientID"),
-        geometry=geometry,
+        geometry=found,
     )

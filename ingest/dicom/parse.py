@@ -52,7 +52,7 @@ from ingest.dicom.header import (
     pixel_format,
 )
 from ingest.dicom.image_pixel import image_pixel
-from ingest.dicom.rescale import modality_rescale
+from ingest.dicom.rescale import PER_FRAME_GROUPS, modality_rescale
 from ingest.dicom.syntaxes import (
     DEFLATED_LE,
     ENCAPSULATED_UNCOMPRESSED,
@@ -125,6 +125,7 @@ def parse_header(
     max_header_bytes: int = 16 * _MIB,
     max_pixel_bytes: int = 64 * 1024 * _MIB,
     per_frame: bool = True,
+    geometry: bool = True,
     inflated: bool = False,
 ) -> DicomHeader | NeedMoreBytes:
     """Parse the header in ``prefix`` (the object's first bytes) and locate its Pixel Data.
@@ -134,7 +135,10 @@ def parse_header(
     Functional Groups Sequence is left unread (``per_frame_pending``): the layout is
     known in a fraction of the time (``python -m ingest.bench.diagnostics.header_cost``
     compares the two), and the same prefix parsed again in full gives the rescale
-    values.
+    values. With ``geometry=False`` the per-frame rescale values are read but not the
+    frames' plane positions (``geometry`` None, a slide's per-frame tile places with
+    it): what processing the frames needs, in a fraction of the time of the parse in
+    full, which gives them.
 
     ``inflated``: ``prefix`` is a Deflated object's data set, inflated, behind a
     file meta naming Explicit VR Little Endian (the encoding pydicom reads an
@@ -166,7 +170,9 @@ def parse_header(
         warnings.simplefilter("ignore")
         _quiet.on = True
         try:
-            return _parse(data, object_size, has_dicm, max_pixel_bytes, per_frame, step, inflated)
+            return _parse(
+                data, object_size, has_dicm, max_pixel_bytes, (per_frame, geometry), step, inflated
+            )
         except ShortPrefix as short:
             if len(data) >= max_header_bytes:
                 raise LimitExceeded(f"DICOM header larger than {max_header_bytes} bytes") from None
@@ -192,10 +198,12 @@ def _parse(
     object_size: int,
     has_dicm: bool,
     max_pixel_bytes: int,
-    per_frame: bool,
+    reads: tuple[bool, bool],
     step: _Step,
     inflated: bool,
 ) -> DicomHeader:
+    """``reads``: ``parse_header``'s ``per_frame`` and ``geometry``."""
+    per_frame, geometry = reads
     complete = len(data) == object_size
     if not has_dicm:
         if len(data) < 132 and not complete:
@@ -245,7 +253,7 @@ def _parse(
         _int_or_zero(ds.get("BitsAllocated")),
         "ModalityLUTSequence" in ds,
     ):
-        return _decoded(ds, data, pos, implicit, little, complete, chosen, object_size, step)
+        return _decoded(ds, data, pos, implicit, little, complete, chosen, object_size, step, reads)
     image = image_pixel(ds)
     pixel, photometric = pixel_format(image), image.photometric_interpretation
     step.now = "locating the pixels"
@@ -257,7 +265,7 @@ def _parse(
     step.now = "reading the Modality LUT"
     rescaled = modality_rescale(ds, pixel.frames, per_frame)
     step.now = "reading the UIDs"
-    return header_of(ds, chosen, pixel, photometric, place, rescaled)
+    return header_of(ds, chosen, pixel, photometric, place, rescaled, geometry=geometry)
 
 
 def _decoded(
@@ -270,8 +278,11 @@ def _decoded(
     syntax: str,
     object_size: int,
     step: _Step,
+    reads: tuple[bool, bool],
 ) -> DicomHeader:
-    """The header of Pixel Data that pydicom's decoders turn into values first."""
+    """The header of Pixel Data that pydicom's decoders turn into values first;
+    ``reads``: ``parse_header``'s ``per_frame`` and ``geometry``."""
+    per_frame, geometry = reads
     step.now = "reading the pixel description"
     vr = data[pos + 4 : pos + 6].decode("latin-1") if not implicit else ""
     if implicit:  # the VR pydicom gives implicit Pixel Data
@@ -287,8 +298,11 @@ def _decoded(
     except MalformedDicom as exc:
         raise MalformedDicom(f"{codec.syntax_name}: {exc}") from exc
     step.now = "reading the Modality LUT"
-    if codec.modality_lut is not None:  # applied by the decoder: its values are final
-        rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] = ((1.0,), (0.0,), False)
+    rescaled: tuple[tuple[float, ...], tuple[float, ...], bool] | None
+    if not per_frame and PER_FRAME_GROUPS in ds:  # left for the parse in full
+        rescaled = None
+    elif codec.modality_lut is not None:  # applied by the decoder: its values are final
+        rescaled = ((1.0,), (0.0,), False)
     else:
         found = modality_rescale(ds, pixel.frames, per_frame=True)
         assert found is not None  # per_frame=True always reads them
@@ -301,7 +315,15 @@ def _decoded(
     )
     step.now = "reading the UIDs"
     return header_of(
-        ds, syntax, pixel, codec.photometric_interpretation, place, rescaled, codec, offset_table
+        ds,
+        syntax,
+        pixel,
+        codec.photometric_interpretation,
+        place,
+        rescaled,
+        codec,
+        offset_table,
+        geometry=geometry,
     )
 
 

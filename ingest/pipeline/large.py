@@ -22,7 +22,7 @@ from ingest.errors import LimitExceeded, MalformedDicom
 from ingest.fetch.digest import SourceDigest
 from ingest.fetch.ordered_reads import InOrder
 from ingest.fetch.planning import ByteRange, PixelChunk, split_range
-from ingest.pipeline.decoded import decode_streamed_native
+from ingest.pipeline.decoded import Write, decode_streamed_native
 from ingest.pipeline.jobs import (
     Context,
     Done,
@@ -99,12 +99,59 @@ async def read_header(
         prefix = grown
 
 
-def _parse_in_full(prefix: bytes, size: int, settings: Settings) -> DicomHeader:
-    """The header with its per-frame values, from the prefix its layout came from."""
-    parsed = parse_header(prefix, size, max_header_bytes=settings.max_header_bytes)
+def _parse_in_full(
+    prefix: bytes, size: int, settings: Settings, geometry: bool = True
+) -> DicomHeader:
+    """The header with its per-frame values, from the prefix its layout came from;
+    without the frames' plane positions unless ``geometry``."""
+    parsed = parse_header(
+        prefix, size, max_header_bytes=settings.max_header_bytes, geometry=geometry
+    )
     if not isinstance(parsed, DicomHeader):  # the same bytes gave a layout before
         raise MalformedDicom("the header does not end inside the prefix read for it")
     return parsed
+
+
+async def _decode_then_geometry(
+    ctx: Context,
+    obj: Located,
+    layout: DicomHeader,
+    prefix: bytes,
+    hasher: SourceDigest,
+    write: Write,
+) -> DicomHeader:
+    """Decode a compressed object whose layout left its per-frame groups unread; returns
+    its header in full.
+
+    Its frames need only the per-frame rescale values, read while the first ranges
+    arrive; the frames' plane positions (the geometry, for the records) take several
+    times as long for thousands of frames and are read meanwhile on a thread of their
+    own, from when the rescale values are known, so that neither waits for them.
+    """
+    size, settings = obj.head.size, ctx.settings
+    in_full: asyncio.Future[DicomHeader] | None = None
+
+    async def rescaled() -> DicomHeader:
+        nonlocal in_full
+        header = await anyio.to_thread.run_sync(_parse_in_full, prefix, size, settings, False)
+        loop = asyncio.get_running_loop()
+        in_full = loop.run_in_executor(None, _parse_in_full, prefix, size, settings)
+        return header
+
+    try:
+        await decode_streamed(ctx, obj, layout, hasher, write, rescaled)
+        if in_full is None:  # never asked for: no group was made
+            return await anyio.to_thread.run_sync(_parse_in_full, prefix, size, settings)
+        return await in_full
+    finally:
+        if in_full is not None and not in_full.done():  # failed or cancelled: not waited for
+            in_full.add_done_callback(_ignored)
+
+
+def _ignored(future: asyncio.Future[DicomHeader]) -> None:
+    """Take a parse's outcome that nobody awaits (a thread's work cannot be cancelled)."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def read_large(
@@ -122,20 +169,29 @@ async def read_large(
     first range.
     """
     timings = Timings()
-    if prefix is not None and writes_zarr(ctx.settings, layout):
+    compressed = is_compressed(layout.transfer_syntax_uid)
+    if prefix is not None and (
+        writes_zarr(ctx.settings, layout)
+        or (layout.codec is not None and (not compressed or ctx.settings.output_dtype == "exact"))
+    ):
         # a slide's image needs each frame's place (TILED_SPARSE's per-frame values) and
-        # its pixel spacing before its first tile
+        # its pixel spacing before its first tile; an exact output's type, the per-frame
+        # rescale values
         layout = await anyio.to_thread.run_sync(_parse_in_full, prefix, obj.head.size, ctx.settings)
         prefix = None
     if layout.codec is not None:  # encapsulated frames, decoded as their ranges arrive
         t = time.perf_counter()
         dtype = output_dtype(ctx.settings, layout)
+        header = layout
         async with output_array(ctx, obj, npy_key, layout, dtype) as out:
-            compressed = is_compressed(layout.transfer_syntax_uid)
-            stream = decode_streamed if compressed else decode_streamed_native
-            await stream(ctx, obj, layout, hasher, out.write)
+            if not compressed:
+                await decode_streamed_native(ctx, obj, layout, hasher, out.write)
+            elif prefix is None:
+                await decode_streamed(ctx, obj, layout, hasher, out.write)
+            else:
+                header = await _decode_then_geometry(ctx, obj, layout, prefix, hasher, out.write)
         timings.device_s = time.perf_counter() - t
-        return layout, hasher.digests(), ctx.device.backend, timings
+        return header, hasher.digests(), ctx.device.backend, timings
     plan = device_plan(ctx.settings, ctx.device.backend)
     chunks = pixel_chunks(layout, plan.chunk_bytes)
     target = obj.target

@@ -21,7 +21,7 @@ reads that may need it (a group larger than the ring's free slots hung).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import anyio
 
@@ -55,14 +55,24 @@ from ingest_gpu.thread import ChunkResult
 
 
 async def decode_streamed(
-    ctx: Context, obj: Located, header: DicomHeader, hasher: SourceDigest, write: Write
-) -> None:
+    ctx: Context,
+    obj: Located,
+    header: DicomHeader,
+    hasher: SourceDigest,
+    write: Write,
+    in_full: Callable[[], Awaitable[DicomHeader]] | None = None,
+) -> DicomHeader:
     """Decode, preprocess and write the frames of a large encapsulated object as its
-    ranges arrive, in groups, the device's frames left in their slots.
+    ranges arrive, in groups, the device's frames left in their slots; returns the header
+    the frames were processed with.
+
+    ``in_full``: ``header`` is the layout alone (``per_frame_pending``), and this reads
+    the header in full, per-frame values and geometry (thousands of frames take tens of
+    milliseconds): it runs once the first ranges are under way, before the first group.
 
     Raises:
         IngestError: a read, fragments that disagree with the header, a frame too
-            large, a decode, the device or ``write``.
+            large, a decode, the device, ``in_full`` or ``write``.
     """
     codec = header.codec
     assert codec is not None
@@ -98,6 +108,7 @@ async def decode_streamed(
         await anyio.to_thread.run_sync(hasher.update, start, view)
 
     async def produce(emit: Emit) -> None:
+        nonlocal header
         pending: list[Frame] = []
         parsed: list[Parsed | DeviceDecodeError] = []  # for the device: each pending frame's
         owners: list[Slot | None] = []  # the slot each pending frame is a view of
@@ -117,6 +128,8 @@ async def decode_streamed(
                 await emit(group, refs.holding(held, step))
 
         async with object_reads(ctx, obj, ranges, hasher) as reads:
+            if in_full is not None:  # while the first ranges arrive
+                header = await in_full()
             index = 0
             async for slot, view in reads:
                 try:
@@ -159,6 +172,7 @@ async def decode_streamed(
         await decode_in_order(ctx, obj.target, header, produce, write)
     finally:
         refs.give_back_all()  # frames never grouped, steps never started
+    return header
 
 
 class FrameStream:

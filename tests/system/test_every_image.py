@@ -19,6 +19,7 @@ below, so each decoding path runs end to end in every suite
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 import warnings
@@ -29,6 +30,7 @@ import pytest
 from pydicom import dcmread
 from pydicom.uid import HTJ2KLossless, JPEG2000Lossless
 
+from ingest.dicom.parse import DicomHeader, parse_header
 from ingest.embedded.samples_compressed import compressed_ct_volume, compressed_samples
 from ingest.embedded.samples_slide import write_jpeg_slide
 from ingest.embedded.stack import Stack
@@ -192,6 +194,11 @@ async def test_every_compressed_syntax_and_a_tiled_slide(
             await harness.get_object(stack, names.output_bucket, f"{base}.json")
         )
         assert any(step.startswith("decode:") for step in sidecar["conversions"]), key
+        if key.startswith("volume/"):  # ranged: its per-frame groups read as ranges arrive
+            full = parse_header(data, len(data))
+            assert isinstance(full, DicomHeader)
+            assert full.geometry is not None
+            assert sidecar["geometry"] == json.loads(json.dumps(full.geometry.as_json())), key
         if key.startswith("slide/") and key.endswith(("basic.dcm", "extended.dcm")):
             slide = sidecar["slide"]
             matrix = ("total_rows", "total_columns", "tile_rows", "tile_columns", "frames")

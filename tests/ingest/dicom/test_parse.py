@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 from pydicom import dcmread, dcmwrite
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
+from pydicom.uid import HTJ2KLossless, JPEG2000Lossless
 
 from ingest.dicom.codec import conversions
 from ingest.dicom.parse import DicomHeader, NeedMoreBytes, parse_header
 from ingest.embedded import samples
+from ingest.embedded.samples_compressed import compressed_ct_volume
 from ingest.errors import (
     DeflatedDataSet,
     DicomError,
@@ -218,6 +220,34 @@ def test_layout_first_then_in_full(name: str, make: Callable[[], bytes] | None) 
         slide=full.slide,
     )
     assert layout.geometry is None
+    assert completed == full
+
+
+@pytest.mark.parametrize("syntax", [JPEG2000Lossless, HTJ2KLossless])
+def test_a_compressed_volume_layout_first_then_in_full(syntax: str) -> None:
+    """A compressed volume's layout leaves its per-frame groups for the parse in full, as a
+    native one's does: thousands of frames' plane positions take longer to read than its
+    first ranges take to arrive. The frames' codec is known from the layout, and
+    ``geometry=False`` reads all but the plane positions."""
+    data = compressed_ct_volume(syntax, 5, 64, 64)
+    full, layout = parse(data), parse(data, per_frame=False)
+    rescaled = parse(data, geometry=False)
+    assert rescaled.geometry is None
+    assert dataclasses.replace(rescaled, geometry=full.geometry) == full
+    assert full.geometry is not None
+    assert not full.per_frame_pending
+    assert layout.per_frame_pending
+    assert layout.geometry is None
+    assert layout.codec == full.codec
+    assert layout.pixel == full.pixel
+    completed = dataclasses.replace(
+        layout,
+        transform_slopes=full.transform_slopes,
+        transform_intercepts=full.transform_intercepts,
+        rescale=full.rescale,
+        per_frame_pending=False,
+        geometry=full.geometry,
+    )
     assert completed == full
 
 
