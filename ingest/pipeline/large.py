@@ -11,6 +11,7 @@ for the hash.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 
@@ -22,7 +23,7 @@ from ingest.errors import LimitExceeded, MalformedDicom
 from ingest.fetch.digest import SourceDigest
 from ingest.fetch.ordered_reads import InOrder
 from ingest.fetch.planning import ByteRange, PixelChunk, split_range
-from ingest.pipeline.decoded import Write, decode_streamed_native
+from ingest.pipeline.decoded import decode_streamed_native
 from ingest.pipeline.jobs import (
     Context,
     Done,
@@ -112,44 +113,39 @@ def _parse_in_full(
     return parsed
 
 
-async def _decode_then_geometry(
-    ctx: Context,
-    obj: Located,
-    layout: DicomHeader,
-    prefix: bytes,
-    hasher: SourceDigest,
-    write: Write,
-) -> DicomHeader:
-    """Decode a compressed object whose layout left its per-frame groups unread; returns
-    its header in full.
-
-    Its frames need only the per-frame rescale values, read while the first ranges
-    arrive; the frames' plane positions (the geometry, for the records) take several
-    times as long for thousands of frames and are read meanwhile on a thread of their
-    own, from when the rescale values are known, so that neither waits for them.
+class _InFull:
+    """A large object's header read in full from the prefix its layout came from, in two
+    steps: the per-frame rescale values, which its frames' processing needs
+    (``rescaled``), then the frames' plane positions, which only its records need and
+    which take several times as long for thousands of frames, read on a thread of their
+    own from then on while the frames go through (``result``).
     """
-    size, settings = obj.head.size, ctx.settings
-    in_full: asyncio.Future[DicomHeader] | None = None
 
-    async def rescaled() -> DicomHeader:
-        nonlocal in_full
-        header = await anyio.to_thread.run_sync(_parse_in_full, prefix, size, settings, False)
-        loop = asyncio.get_running_loop()
-        in_full = loop.run_in_executor(None, _parse_in_full, prefix, size, settings)
+    def __init__(self, prefix: bytes, size: int, settings: Settings) -> None:
+        self._parse = functools.partial(_parse_in_full, prefix, size, settings)
+        self._full: asyncio.Future[DicomHeader] | None = None
+
+    async def rescaled(self) -> DicomHeader:
+        """The header without the plane positions; starts reading them."""
+        header = await anyio.to_thread.run_sync(self._parse, False)
+        self._full = asyncio.get_running_loop().run_in_executor(None, self._parse)
         return header
 
-    try:
-        await decode_streamed(ctx, obj, layout, hasher, write, rescaled)
-        if in_full is None:  # never asked for: no group was made
-            return await anyio.to_thread.run_sync(_parse_in_full, prefix, size, settings)
-        return await in_full
-    finally:
-        if in_full is not None and not in_full.done():  # failed or cancelled: not waited for
-            in_full.add_done_callback(_ignored)
+    async def result(self) -> DicomHeader:
+        """The header in full."""
+        if self._full is None:  # the rescale values were never asked for
+            return await anyio.to_thread.run_sync(self._parse)
+        return await self._full
+
+    def abandon(self) -> None:
+        """Nobody waits for the plane positions any more (a failure, a cancellation):
+        their thread's work, which cannot be cancelled, is dropped when it ends."""
+        if self._full is not None and not self._full.done():
+            self._full.add_done_callback(_ignored)
 
 
 def _ignored(future: asyncio.Future[DicomHeader]) -> None:
-    """Take a parse's outcome that nobody awaits (a thread's work cannot be cancelled)."""
+    """Take a parse's outcome that nobody awaits."""
     if not future.cancelled():
         future.exception()
 
@@ -164,9 +160,9 @@ async def read_large(
 ) -> Done:
     """Read the Pixel Data in chunks (and the trailer, for the hash) after the header.
 
-    The reads start from the header's layout; per-frame rescale values, when the
-    object has them, are parsed from ``prefix`` meanwhile, so they do not delay the
-    first range.
+    The reads start from the header's layout; per-frame values, when the object has
+    them, are parsed from ``prefix`` meanwhile (``_InFull``), so they do not delay the
+    first range, and the frames' plane positions do not delay the first chunk.
     """
     timings = Timings()
     compressed = is_compressed(layout.transfer_syntax_uid)
@@ -189,7 +185,12 @@ async def read_large(
             elif prefix is None:
                 await decode_streamed(ctx, obj, layout, hasher, out.write)
             else:
-                header = await _decode_then_geometry(ctx, obj, layout, prefix, hasher, out.write)
+                parse = _InFull(prefix, obj.head.size, ctx.settings)
+                try:
+                    await decode_streamed(ctx, obj, layout, hasher, out.write, parse.rescaled)
+                    header = await parse.result()
+                finally:
+                    parse.abandon()
         timings.device_s = time.perf_counter() - t
         return header, hasher.digests(), ctx.device.backend, timings
     plan = device_plan(ctx.settings, ctx.device.backend)
@@ -202,26 +203,31 @@ async def read_large(
         # the output's type depends on the per-frame rescale values: read them first
         header = await anyio.to_thread.run_sync(_parse_in_full, prefix, obj.head.size, ctx.settings)
         prefix = None
-    async with (
-        output_array(ctx, obj, npy_key, header, output_dtype(ctx.settings, header)) as out,
-        object_reads(ctx, obj, [c.range for c in chunks], hasher) as reads,
-    ):
-        if prefix is not None:  # counted in device_s: the first ranges arrive meanwhile
-            header = await anyio.to_thread.run_sync(
-                _parse_in_full, prefix, obj.head.size, ctx.settings
-            )
-        await _pipelined_chunks(ctx, target, header, hasher, out, chunks, reads)
-    if hasher.enabled:  # the bytes after the Pixel Data matter only to the hash
-        async with object_reads(ctx, obj, trailer, hasher) as reads:
-            index = 0
-            async for slot, view in reads:
-                try:
-                    if hasher.in_order:
-                        start = trailer[index].start
-                        await anyio.to_thread.run_sync(hasher.update, start, view)
-                finally:
-                    slot.release()
-                index += 1
+    in_full = _InFull(prefix, obj.head.size, ctx.settings) if prefix is not None else None
+    try:
+        async with (
+            output_array(ctx, obj, npy_key, header, output_dtype(ctx.settings, header)) as out,
+            object_reads(ctx, obj, [c.range for c in chunks], hasher) as reads,
+        ):
+            if in_full is not None:  # counted in device_s: the first ranges arrive meanwhile
+                header = await in_full.rescaled()
+            await _pipelined_chunks(ctx, target, header, hasher, out, chunks, reads)
+        if hasher.enabled:  # the bytes after the Pixel Data matter only to the hash
+            async with object_reads(ctx, obj, trailer, hasher) as reads:
+                index = 0
+                async for slot, view in reads:
+                    try:
+                        if hasher.in_order:
+                            start = trailer[index].start
+                            await anyio.to_thread.run_sync(hasher.update, start, view)
+                    finally:
+                        slot.release()
+                    index += 1
+        if in_full is not None:
+            header = await in_full.result()
+    finally:
+        if in_full is not None:
+            in_full.abandon()
     timings.device_s = time.perf_counter() - t
     return header, hasher.digests(), ctx.device.backend, timings
 

@@ -60,19 +60,19 @@ async def decode_streamed(
     header: DicomHeader,
     hasher: SourceDigest,
     write: Write,
-    in_full: Callable[[], Awaitable[DicomHeader]] | None = None,
-) -> DicomHeader:
+    per_frame: Callable[[], Awaitable[DicomHeader]] | None = None,
+) -> None:
     """Decode, preprocess and write the frames of a large encapsulated object as its
-    ranges arrive, in groups, the device's frames left in their slots; returns the header
-    the frames were processed with.
+    ranges arrive, in groups, the device's frames left in their slots.
 
-    ``in_full``: ``header`` is the layout alone (``per_frame_pending``), and this reads
-    the header in full, per-frame values and geometry (thousands of frames take tens of
-    milliseconds): it runs once the first ranges are under way, before the first group.
+    ``per_frame``: ``header`` is the layout alone (``per_frame_pending``), and this
+    gives it with the per-frame values the frames need (thousands of frames take tens
+    of milliseconds): it runs once the first ranges are under way, before the first
+    group.
 
     Raises:
         IngestError: a read, fragments that disagree with the header, a frame too
-            large, a decode, the device, ``in_full`` or ``write``.
+            large, a decode, the device, ``per_frame`` or ``write``.
     """
     codec = header.codec
     assert codec is not None
@@ -128,8 +128,8 @@ async def decode_streamed(
                 await emit(group, refs.holding(held, step))
 
         async with object_reads(ctx, obj, ranges, hasher) as reads:
-            if in_full is not None:  # while the first ranges arrive
-                header = await in_full()
+            if per_frame is not None:  # while the first ranges arrive
+                header = await per_frame()
             index = 0
             async for slot, view in reads:
                 try:
@@ -172,7 +172,6 @@ async def decode_streamed(
         await decode_in_order(ctx, obj.target, header, produce, write)
     finally:
         refs.give_back_all()  # frames never grouped, steps never started
-    return header
 
 
 class FrameStream:

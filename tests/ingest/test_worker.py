@@ -10,6 +10,7 @@ restarted worker neither redoes committed work nor skips uncommitted work.
 from __future__ import annotations
 
 import io
+import json
 import uuid
 
 import anyio
@@ -18,6 +19,7 @@ import pytest
 from botocore.utils import calculate_tree_hash
 
 from ingest.audit.verify import object_records, verify_trail
+from ingest.dicom.parse import DicomHeader, parse_header
 from ingest.embedded.samples import (
     not_dicom,
     synthetic_ct_series,
@@ -217,6 +219,36 @@ async def test_a_device_that_cannot_be_set_up_fails_the_start_with_its_own_error
     harness.prepare(stack, names)
     with anyio.fail_after(60), pytest.raises(OSError, match="no device here"):
         await Worker(harness.make_settings(stack, names, device="cpu")).run()
+
+
+async def test_a_ranged_object_s_per_frame_values_are_read_while_it_is_read(
+    stack: Stack,
+) -> None:
+    """A native object read in ranges, whose per-frame functional groups are parsed while
+    its first ranges arrive and its frames' plane positions while its chunks go through:
+    its values rescaled per frame, and its record's geometry that of the header read in
+    full."""
+    names = harness.make_names(uuid.uuid4().hex[:10])
+    harness.prepare(stack, names)
+    data, key = synthetic_multiframe(16, 96, 96), "enhanced/ranged.dcm"
+    await harness.upload(stack, names.source_bucket, [(key, data)])
+    notification = harness.aws_notification(names.source_bucket, [key])
+    await harness.publish(stack, names.source_topic, [notification])
+    settings = harness.make_settings(stack, names, part_size=str(64 * 1024), ring_slots="8")
+
+    run = await harness.run_worker(settings, stop_after=1)
+
+    assert [o.error for o in run.outcomes] == [None]
+    out = harness.load_npy(
+        await harness.get_object(stack, names.output_bucket, f"out/{names.source_bucket}/{key}.npy")
+    )
+    assert out.tobytes() == reference_array(data, None, "float32").tobytes()
+    full = parse_header(data, len(data))
+    assert isinstance(full, DicomHeader)
+    assert full.geometry is not None
+    result = harness.by_key(await harness.read_json_topic(stack, names.results_topic))[key]
+    assert result["geometry"] == json.loads(json.dumps(full.geometry.as_json()))
+    assert len(result["geometry"]["frame_positions"]) == 16
 
 
 async def test_exact_output_types_and_geometry_in_sidecars(stack: Stack) -> None:
