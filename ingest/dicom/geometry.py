@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -234,6 +234,11 @@ def per_frame_values(groups: Sequence[Values]) -> list[FrameValues]:
     return [frame_values(group, reader) for group in groups]
 
 
+def has_per_frame_groups(values: Values) -> TypeGuard[Dataset]:
+    """Whether the header has a Per-Frame Functional Groups Sequence (its items unread)."""
+    return isinstance(values, Dataset) and PER_FRAME_GROUPS in values
+
+
 def read_per_frame(values: Values) -> list[FrameValues] | None:
     """The Per-Frame Functional Groups' plane values, one per item, or None without them.
 
@@ -242,7 +247,7 @@ def read_per_frame(values: Values) -> list[FrameValues] | None:
     than the frames' pixels take to arrive); by pydicom otherwise, or when that
     walker is unsure.
     """
-    if not isinstance(values, Dataset) or PER_FRAME_GROUPS not in values:
+    if not has_per_frame_groups(values):
         return None
     raw = raw_per_frame_groups(values)
     if raw is not None:

@@ -22,7 +22,7 @@ from ingest.dicom.fragments import (
     fragment_pitch,
     read_item,
 )
-from ingest.dicom.geometry import Geometry, geometry_of, read_per_frame
+from ingest.dicom.geometry import Geometry, geometry_of, has_per_frame_groups, read_per_frame
 from ingest.dicom.image_pixel import ImagePixel, Values
 from ingest.dicom.slide import Slide, slide_of
 from ingest.dicom.syntaxes import NATIVE_LE
@@ -313,10 +313,10 @@ def header_of(
     geometry: bool = True,
 ) -> DicomHeader:
     """The header from checked parts; ``rescaled`` None: the per-frame values are pending
-    (the per-frame geometry with them); ``geometry`` False: the frames' plane positions
-    are left unread (``parse_header``)."""
+    (the per-frame geometry with them); ``geometry`` False: an object's per-frame plane
+    positions are left unread, and its geometry with them (``parse_header``)."""
     slopes, intercepts, rescale = rescaled or ((), (), False)
-    planes = rescaled is not None and geometry
+    planes = rescaled is not None and (geometry or not has_per_frame_groups(values))
     per_frame = read_per_frame(values) if planes else None
     found = geometry_of(values, pixel.frames, per_frame) if planes else None
     return DicomHeader(

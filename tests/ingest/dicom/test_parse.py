@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 import threading
 import warnings
@@ -193,17 +194,31 @@ def test_prefixes_ask_for_more_then_succeed(name: str, make: Callable[[], bytes]
     assert got == full
 
 
-@pytest.mark.parametrize(("name", "make"), CASES, ids=[c[0] for c in CASES])
+# and compressed volumes, whose layout leaves the per-frame groups unread as a native one's
+LAYOUT_CASES: list[tuple[str, Callable[[], bytes] | None]] = [
+    *CASES,
+    *[
+        (f"volume-{name}", functools.partial(compressed_ct_volume, syntax, 5, 64, 64))
+        for name, syntax in (("j2k", JPEG2000Lossless), ("htj2k", HTJ2KLossless))
+    ],
+]
+
+
+@pytest.mark.parametrize(("name", "make"), LAYOUT_CASES, ids=[c[0] for c in LAYOUT_CASES])
 def test_layout_first_then_in_full(name: str, make: Callable[[], bytes] | None) -> None:
     """``per_frame=False`` (a large object's first parse in the worker) gives the full
-    header but for per-frame rescale values and geometry, which wait for the parse in full."""
+    header but for per-frame rescale values and geometry, which wait for the parse in full;
+    ``geometry=False`` (what the frames wait for) all but the frames' plane positions."""
     data = load(name, make)
     full = parse(data)
+    rescaled = parse(data, geometry=False)
+    assert dataclasses.replace(rescaled, geometry=full.geometry, slide=full.slide) == full
     layout = parse(data, per_frame=False)
     has_groups = "PerFrameFunctionalGroupsSequence" in dcmread(
         BytesIO(data), stop_before_pixels=True, force=True
     )
     assert layout.per_frame_pending is has_groups
+    assert (rescaled.geometry is None) is has_groups
     if not has_groups:
         assert layout == full
         return
@@ -220,34 +235,6 @@ def test_layout_first_then_in_full(name: str, make: Callable[[], bytes] | None) 
         slide=full.slide,
     )
     assert layout.geometry is None
-    assert completed == full
-
-
-@pytest.mark.parametrize("syntax", [JPEG2000Lossless, HTJ2KLossless])
-def test_a_compressed_volume_layout_first_then_in_full(syntax: str) -> None:
-    """A compressed volume's layout leaves its per-frame groups for the parse in full, as a
-    native one's does: thousands of frames' plane positions take longer to read than its
-    first ranges take to arrive. The frames' codec is known from the layout, and
-    ``geometry=False`` reads all but the plane positions."""
-    data = compressed_ct_volume(syntax, 5, 64, 64)
-    full, layout = parse(data), parse(data, per_frame=False)
-    rescaled = parse(data, geometry=False)
-    assert rescaled.geometry is None
-    assert dataclasses.replace(rescaled, geometry=full.geometry) == full
-    assert full.geometry is not None
-    assert not full.per_frame_pending
-    assert layout.per_frame_pending
-    assert layout.geometry is None
-    assert layout.codec == full.codec
-    assert layout.pixel == full.pixel
-    completed = dataclasses.replace(
-        layout,
-        transform_slopes=full.transform_slopes,
-        transform_intercepts=full.transform_intercepts,
-        rescale=full.rescale,
-        per_frame_pending=False,
-        geometry=full.geometry,
-    )
     assert completed == full
 
 
