@@ -171,7 +171,7 @@ def parse_header(
         _quiet.on = True
         try:
             return _parse(
-                data, object_size, has_dicm, max_pixel_bytes, (per_frame, geometry), step, inflated
+                data, object_size, has_dicm, max_pixel_bytes, per_frame, geometry, step, inflated
             )
         except ShortPrefix as short:
             if len(data) >= max_header_bytes:
@@ -198,12 +198,11 @@ def _parse(
     object_size: int,
     has_dicm: bool,
     max_pixel_bytes: int,
-    reads: tuple[bool, bool],
+    per_frame: bool,
+    geometry: bool,
     step: _Step,
     inflated: bool,
 ) -> DicomHeader:
-    """``reads``: ``parse_header``'s ``per_frame`` and ``geometry``."""
-    per_frame, geometry = reads
     complete = len(data) == object_size
     if not has_dicm:
         if len(data) < 132 and not complete:
@@ -253,7 +252,19 @@ def _parse(
         _int_or_zero(ds.get("BitsAllocated")),
         "ModalityLUTSequence" in ds,
     ):
-        return _decoded(ds, data, pos, implicit, little, complete, chosen, object_size, step, reads)
+        return _decoded(
+            ds,
+            data,
+            pos,
+            implicit,
+            little,
+            complete,
+            chosen,
+            object_size,
+            step,
+            per_frame,
+            geometry,
+        )
     image = image_pixel(ds)
     pixel, photometric = pixel_format(image), image.photometric_interpretation
     step.now = "locating the pixels"
@@ -278,11 +289,11 @@ def _decoded(
     syntax: str,
     object_size: int,
     step: _Step,
-    reads: tuple[bool, bool],
+    per_frame: bool,
+    geometry: bool,
 ) -> DicomHeader:
     """The header of Pixel Data that pydicom's decoders turn into values first;
-    ``reads``: ``parse_header``'s ``per_frame`` and ``geometry``."""
-    per_frame, geometry = reads
+    ``per_frame`` and ``geometry`` as ``parse_header``'s."""
     step.now = "reading the pixel description"
     vr = data[pos + 4 : pos + 6].decode("latin-1") if not implicit else ""
     if implicit:  # the VR pydicom gives implicit Pixel Data

@@ -40,10 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-
-def _spin(stop: Any) -> None:
-    while not stop.is_set():
-        sum(range(10_000))
+from ingest.bench.diagnostics.decode_backends import _spin
 
 
 def _frames(corpus: Path, workload: str, count: int) -> tuple[list[bytes], Any]:

@@ -2,7 +2,7 @@
 
 A diagnostic, not a test (pytest does not collect it)::
 
-    .venv/bin/python -m ingest.bench.diagnostics.header_cost [FRAMES]
+    .venv/bin/python -m ingest.bench.diagnostics.header_cost [FRAMES] [--volume-corpus DIR]
 
 It builds a synthetic Enhanced-CT-like object with per-frame rescale values
 (``ingest.embedded.samples.synthetic_multiframe``) and parses its header three ways:
@@ -12,14 +12,18 @@ compressed object's frames wait for), in full as the worker then does
 (``ingest/dicom/frames.py`` reads the per-frame values), and with that walker
 switched off, so pydicom reads every frame's functional groups. Then a CT slice
 of the bench's series, read straight from its bytes (``ingest/dicom/direct.py``)
-and by pydicom.
+and by pydicom. ``--volume-corpus DIR`` parses the header of the bench's
+``ct-htj2k-volume`` of FRAMES frames instead of the synthetic object (made from a decode
+corpus's slices, as ``trace_large --volume-corpus`` makes it): its per-frame groups
+hold plane positions besides the rescale values.
 docs/benchmarks.md quotes it.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
+from pathlib import Path
 from unittest import mock
 
 import ingest.dicom.parse
@@ -40,8 +44,17 @@ def seconds(data: bytes, per_frame: bool = True, repeats: int = 5, geometry: boo
 
 
 def main() -> None:
-    frames = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
-    data = synthetic_multiframe(frames, 8, 8)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("frames", type=int, nargs="?", default=2048)
+    parser.add_argument("--volume-corpus", type=Path, help="the bench's HTJ2K volume instead")
+    args = parser.parse_args()
+    frames = args.frames
+    if args.volume_corpus is None:
+        data = synthetic_multiframe(frames, 8, 8)
+    else:
+        from ingest.bench.diagnostics.trace_large import volume
+
+        data = volume(args.volume_corpus, "ct-htj2k", frames)
     print(f"{frames} frames, layout only:        {seconds(data, per_frame=False):.4f} s")
     print(f"{frames} frames, no plane positions: {seconds(data, geometry=False):.4f} s")
     print(f"{frames} frames, with the walker:    {seconds(data):.4f} s")
