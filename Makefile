@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+# pytest-xdist processes for `make test`: the suite mostly waits on servers and worker
+# processes, so two keep a 2-core machine busy; 0 runs it in this process alone
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint typecheck unit bench chaos clean
 
@@ -23,7 +26,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/python -m pytest -m 'not slow'
+	$(BIN)/python -m pytest -m 'not slow' -n $(TEST_WORKERS) --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,bench]'

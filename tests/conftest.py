@@ -4,10 +4,15 @@ Tests that use ``stack`` are marked ``@pytest.mark.integration``; async tests us
 ``@pytest.mark.anyio`` (anyio's own pytest plugin) on the asyncio backend.
 Tests share the stack, so each takes its topics, buckets and groups from
 ``fresh_names`` and never depends on what another test left behind.
+
+``make test`` runs the suite in two pytest-xdist processes (each with its own
+stack); a test marked ``alone`` (it bounds a time) runs while the other process
+runs nothing (``one_at_a_time``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import signal
@@ -63,6 +68,40 @@ def logging_as_found(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for handler, filters in handlers.items():
         handler.filters[:] = filters
     root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def one_at_a_time(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``alone`` runs while no other test runs.
+
+    Such a test bounds a time (a worker's first output within 3 s of its spawn, a
+    hand-over within 3 s): on two cores, another process's test beside it would
+    measure the machine, not the worker. Every test holds a shared lock on a file
+    of this run (the workers' base folders share their parent) and an ``alone``
+    test an exclusive one; a second file, taken exclusively by each in turn on the
+    way in, keeps the shared holders from starving a waiting ``alone`` test. Run
+    without xdist, there is nobody to wait for.
+    """
+    if not hasattr(request.config, "workerinput"):  # xdist's workers have it
+        yield
+        return
+    folder = tmp_path_factory.getbasetemp().parent
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(folder / "turnstile.lock", "a") as turnstile, open(folder / "run.lock", "a") as run:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

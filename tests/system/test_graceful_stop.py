@@ -30,7 +30,12 @@ from ingest.embedded.stack import Stack
 from tests import harness
 from tests.chaos import WorkerProcess, no_orphans, worker_environment
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.alone,  # its bounds are seconds: nothing else runs beside it
+    pytest.mark.timeout(180),
+]
 
 DEADLINE_S = 10.0
 SLICES = 100

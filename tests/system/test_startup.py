@@ -30,7 +30,12 @@ from ingest.settings import PREFIX
 from tests import harness
 from tests.chaos import WorkerProcess, no_orphans
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.alone,  # its bounds are seconds: nothing else runs beside it
+    pytest.mark.timeout(120),
+]
 
 FIRST_OUTPUT_S = 3.0  # the bound, from the process's start to its first result
 BUSY_S = 8.0  # four session timeouts of the stack's GROUP_TIMING
